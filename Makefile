@@ -1,0 +1,35 @@
+# Two entry points for a fresh machine (see README): `make demo` and `make test`.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# On the project's dev machines torch 2.13.0 is a CPU wheel on disk; elsewhere pick a CPU wheel with
+#   make TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" ...
+TORCH_SPEC ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv demo test lint bench browser
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv
+	HF_HUB_OFFLINE=1 $(VENV)/bin/lld-monitor demo
+
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
+	  echo "chromium not installed: browser tests will be skipped"
+
+test: venv browser
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q
+
+lint: venv
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+bench: venv
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/run_all.py

@@ -1,0 +1,62 @@
+"""lld_monitor: diagnose and prevent the Lazy Likelihood Displacement death spiral in GRPO.
+
+The public API is flat and lazily imported, so that the analyzer, the readers and the dashboard
+never pay for importing torch or a trainer:
+
+    from lld_monitor import likelihood_displacement, llds_loss, RunWriter, load_run, analyze_run
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (one place; keep sorted by module)
+_EXPORTS: dict[str, str] = {
+    # pure metrics (torch)
+    "likelihood_displacement": "lld_monitor.metrics",
+    "LLDStats": "lld_monitor.metrics",
+    "action_ids": "lld_monitor.metrics",
+    "masked_mean": "lld_monitor.metrics",
+    "top_displaced_tokens": "lld_monitor.metrics",
+    # LLDS regularizer (torch)
+    "llds_loss": "lld_monitor.llds",
+    "LLDSOutput": "lld_monitor.llds",
+    "LLDSConfig": "lld_monitor.llds",
+    "answer_weight_paper": "lld_monitor.llds",
+    "answer_weight_code": "lld_monitor.llds",
+    # run log (no torch)
+    "RunWriter": "lld_monitor.runlog",
+    "RunReader": "lld_monitor.runlog",
+    "Run": "lld_monitor.runlog",
+    "load_run": "lld_monitor.runlog",
+    "RunFormatError": "lld_monitor.runlog",
+    # events
+    "Alert": "lld_monitor.events",
+    "make_event": "lld_monitor.events",
+    # analyzer (no torch)
+    "PhaseDetector": "lld_monitor.analysis",
+    "analyze_run": "lld_monitor.analysis",
+    "Analysis": "lld_monitor.analysis",
+    # foreign logs (no torch)
+    "load_table": "lld_monitor.importers",
+    # monitor (torch; trainers imported only on attach)
+    "LLDMonitor": "lld_monitor.monitor",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lld_monitor' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

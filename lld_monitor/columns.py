@@ -1,0 +1,133 @@
+"""Canonical column names of a run's step log: the one definition of every name.
+
+Every module (metrics, monitor, run log, analyzer, importers, dashboard) refers to these
+constants, never to string literals. Sign convention: ``delta = logp_new - logp_old``;
+negative means the update *displaced* (lowered) the likelihood.
+"""
+
+from __future__ import annotations
+
+# --- identity -------------------------------------------------------------------------------
+STEP = "step"  # optimizer step (int), monotone within a run
+TIME = "time"  # wall-clock UNIX seconds when the row was written
+
+# --- standard training metrics (any trainer) ------------------------------------------------
+REWARD_MEAN = "reward_mean"  # mean total reward over the step's completions
+REWARD_STD = "reward_std"  # std of the total reward over the step's completions
+ACCURACY = "accuracy"  # share of completions counted correct (reward >= threshold)
+LOSS = "loss"  # training loss as the trainer reports it
+LEARNING_RATE = "learning_rate"
+GRAD_NORM = "grad_norm"  # pre-clip global grad norm (mean over the step's optimizer updates)
+GRAD_NORM_MAX = "grad_norm_max"  # max pre-clip grad norm over the step's optimizer updates
+ENTROPY = "entropy"  # mean per-token entropy of generated tokens
+KL = "kl"  # mean per-token KL to the reference model
+COMPLETION_LENGTH = "completion_length"  # mean number of generated (non-tool) tokens
+NUM_SEARCHES = "num_searches"  # mean number of tool calls per completion
+FRAC_ZERO_STD_GROUPS = "frac_zero_std_groups"  # share of prompt groups whose rewards are all equal
+
+# --- confidence under the sampling policy (free) --------------------------------------------
+LOGP_CORRECT = "logp_correct"  # mean over correct responses of per-token mean logp_old
+LOGP_INCORRECT = "logp_incorrect"  # same over incorrect responses
+LOGP_FIRST_ACTION = "logp_first_action"  # mean over responses of first action's per-token logp_old
+LOGP_LATER_ACTIONS = "logp_later_actions"  # same over the 2nd..last actions
+
+# --- displacement (post-update minus pre-update log-prob, generated tokens only) ------------
+DELTA_CORRECT = "delta_correct"  # mean over correct responses of summed change
+DELTA_INCORRECT = "delta_incorrect"  # mean over incorrect responses of summed change
+DELTA_CORRECT_PER_TOKEN = "delta_correct_per_token"  # mean over correct of per-token mean change
+DELTA_INCORRECT_PER_TOKEN = "delta_incorrect_per_token"
+FRAC_CORRECT_DISPLACED = "frac_correct_displaced"  # share of correct responses with summed change <= 0
+FRAC_TOKENS_DISPLACED = "frac_tokens_displaced"  # share of correct responses' tokens with change < 0
+DELTA_FIRST_ACTION = "delta_first_action"  # mean over correct responses of first action's summed change
+DELTA_LATER_ACTIONS = "delta_later_actions"  # mean over (correct response, later action) of summed change
+N_CORRECT = "n_correct"  # number of correct responses measured this step
+N_INCORRECT = "n_incorrect"  # number of incorrect responses measured this step
+
+# --- LLDS regularizer ------------------------------------------------------------------------
+LLDS_ENABLED = "llds_enabled"  # 0/1
+LLDS_LAMBDA = "llds_lambda"  # lambda in force (0 when disabled)
+LLDS_LOSS = "llds_loss"  # unscaled L_LLDS (mean over the step's micro-batches)
+LLDS_FRAC_GATED = "llds_frac_gated"  # share of preserving actions/responses/tokens gated on
+
+STANDARD_COLUMNS: tuple[str, ...] = (
+    REWARD_MEAN,
+    REWARD_STD,
+    ACCURACY,
+    LOSS,
+    LEARNING_RATE,
+    GRAD_NORM,
+    GRAD_NORM_MAX,
+    ENTROPY,
+    KL,
+    COMPLETION_LENGTH,
+    NUM_SEARCHES,
+    FRAC_ZERO_STD_GROUPS,
+)
+CONFIDENCE_COLUMNS: tuple[str, ...] = (
+    LOGP_CORRECT,
+    LOGP_INCORRECT,
+    LOGP_FIRST_ACTION,
+    LOGP_LATER_ACTIONS,
+)
+DISPLACEMENT_COLUMNS: tuple[str, ...] = (
+    DELTA_CORRECT,
+    DELTA_INCORRECT,
+    DELTA_CORRECT_PER_TOKEN,
+    DELTA_INCORRECT_PER_TOKEN,
+    FRAC_CORRECT_DISPLACED,
+    FRAC_TOKENS_DISPLACED,
+    DELTA_FIRST_ACTION,
+    DELTA_LATER_ACTIONS,
+    N_CORRECT,
+    N_INCORRECT,
+)
+LLDS_COLUMNS: tuple[str, ...] = (LLDS_ENABLED, LLDS_LAMBDA, LLDS_LOSS, LLDS_FRAC_GATED)
+
+#: The LLD-specific columns: what foreign logs usually lack.
+LLD_COLUMNS: tuple[str, ...] = CONFIDENCE_COLUMNS + DISPLACEMENT_COLUMNS
+
+#: Every canonical step column, in display order.
+STEP_COLUMNS: tuple[str, ...] = (
+    (STEP, TIME) + STANDARD_COLUMNS + CONFIDENCE_COLUMNS + DISPLACEMENT_COLUMNS + LLDS_COLUMNS
+)
+
+# --- event log fields -----------------------------------------------------------------------
+EVENT_TYPE = "type"  # one of EVENT_TYPES
+EVENT_STEP = "step"
+EVENT_TIME = "time"
+EVENT_KIND = "kind"  # alert kind, phase name, or action name
+EVENT_SEVERITY = "severity"  # info | warning | critical
+EVENT_MESSAGE = "message"
+EVENT_EVIDENCE = "evidence"  # dict of numbers backing the message
+EVENT_TYPES: tuple[str, ...] = ("alert", "phase", "intervention", "error", "lifecycle")
+
+# --- token sample fields (drill-down) -------------------------------------------------------
+TOK_STEP = "step"
+TOK_RESPONSE = "response"  # index of the response within the step's probed batch
+TOK_POSITION = "position"  # position within the completion
+TOK_TOKEN_ID = "token_id"
+TOK_TEXT = "text"  # decoded token text ('' when no tokenizer)
+TOK_ACTION = "action"  # action index within the response (-1 on tool feedback)
+TOK_GENERATED = "generated"  # 1 = model-generated, 0 = tool feedback
+TOK_LOGP_OLD = "logp_old"
+TOK_DELTA = "delta"  # logp_new - logp_old (NaN on tool feedback)
+TOK_REWARD = "reward"
+TOK_ADVANTAGE = "advantage"
+TOK_CORRECT = "correct"
+TOKEN_COLUMNS: tuple[str, ...] = (
+    TOK_STEP,
+    TOK_RESPONSE,
+    TOK_POSITION,
+    TOK_TOKEN_ID,
+    TOK_TEXT,
+    TOK_ACTION,
+    TOK_GENERATED,
+    TOK_LOGP_OLD,
+    TOK_DELTA,
+    TOK_REWARD,
+    TOK_ADVANTAGE,
+    TOK_CORRECT,
+)
+
+PHASES: tuple[str, ...] = ("healthy", "stagnation", "decay", "collapse", "unknown")
+SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")

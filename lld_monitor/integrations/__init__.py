@@ -1,0 +1,1 @@
+"""Adapters: the only modules that import a trainer (trl, transformers, verl)."""
