@@ -24,6 +24,7 @@ KL = "kl"  # mean per-token KL to the reference model
 COMPLETION_LENGTH = "completion_length"  # mean number of generated (non-tool) tokens
 NUM_SEARCHES = "num_searches"  # mean number of tool calls per completion
 FRAC_ZERO_STD_GROUPS = "frac_zero_std_groups"  # share of prompt groups whose rewards are all equal
+REWARD_FN_PREFIX = "reward_fn/"  # + reward function name: mean raw reward of that function (TRL)
 
 # --- confidence under the sampling policy (free) --------------------------------------------
 LOGP_CORRECT = "logp_correct"  # mean over correct responses of per-token mean logp_old
