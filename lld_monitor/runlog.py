@@ -1,0 +1,724 @@
+"""The run log: one folder per run, append-only JSON lines, readable while it is written.
+
+A run folder holds ``meta.json``, ``steps.jsonl`` (one row per step), ``events.jsonl`` (alerts,
+phases, interventions, lifecycle), ``tokens/*.parquet`` (bounded token samples) and, once the
+writer closed, ``closed.json``. The format is documented in docs/run-format.md. No torch here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import os
+import platform
+import re
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import pandas as pd
+
+from lld_monitor import columns as C
+
+#: Version of the on-disk format this module writes and the newest one it reads.
+SCHEMA_VERSION = 1
+
+META_FILE = "meta.json"
+STEPS_FILE = "steps.jsonl"
+EVENTS_FILE = "events.jsonl"
+TOKENS_DIR = "tokens"
+CLOSED_FILE = "closed.json"
+
+#: Default byte budget for the token samples of one run (Parquet bytes on disk).
+DEFAULT_TOKEN_BUDGET_BYTES = 50_000_000
+#: Default fsync cadence of the step log, in seconds (events and closing are always fsynced).
+DEFAULT_FSYNC_EVERY_S = 1.0
+
+# Packages whose versions go into meta.json (read from installed metadata, never imported).
+_VERSIONED_PACKAGES = (
+    "lld_monitor",
+    "torch",
+    "transformers",
+    "trl",
+    "accelerate",
+    "deepspeed",
+    "verl",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "wandb",
+)
+_TOKEN_FILE_RE = re.compile(r"^step(-?\d+)_(\d+)\.parquet$")
+_EVENT_ORDER = (
+    C.EVENT_TYPE,
+    C.EVENT_STEP,
+    C.EVENT_TIME,
+    C.EVENT_KIND,
+    C.EVENT_SEVERITY,
+    C.EVENT_MESSAGE,
+    C.EVENT_EVIDENCE,
+)
+
+
+class RunFormatError(ValueError):
+    """A path that is not a readable run folder (missing, not a run, future schema, bad meta)."""
+
+
+# --- plain JSON ---------------------------------------------------------------------------------
+
+
+def _plain(value: Any, where: str, *, lenient: bool = False) -> Any:
+    """``value`` as plain JSON: numpy/torch scalars unwrapped, non-finite floats as None.
+
+    ``lenient`` (for meta) stores dataclasses as dicts and other unknown objects as ``str``.
+    """
+    if value is None or isinstance(value, str | bool):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, f"{where}.{k}", lenient=lenient) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v, where, lenient=lenient) for v in value]
+    item = getattr(value, "item", None)
+    if callable(item):  # numpy scalar, 0-d array, one-element torch tensor
+        try:
+            return _plain(item(), where, lenient=lenient)
+        except (ValueError, RuntimeError):  # more than one element: fall through to tolist
+            pass
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return _plain(tolist(), where, lenient=lenient)
+    if lenient:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return _plain(dataclasses.asdict(value), where, lenient=True)
+        return str(value)
+    raise TypeError(
+        f"{where}: cannot store a {type(value).__name__} in the run log; "
+        "pass numbers, strings, bools, lists or dicts"
+    )
+
+
+def _dumps(obj: Mapping[str, Any]) -> bytes:
+    return (json.dumps(obj, allow_nan=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def _package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in _VERSIONED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# --- checks shared by reader and writer ---------------------------------------------------------
+
+
+def is_run_dir(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` is a folder holding ``meta.json`` and ``steps.jsonl``."""
+    p = Path(path)
+    return (p / META_FILE).is_file() and (p / STEPS_FILE).is_file()
+
+
+def find_runs(root: str | os.PathLike[str]) -> list[Path]:
+    """Run folders at or under ``root`` (recursive, hidden folders skipped), sorted by path."""
+    root_path = Path(root)
+    if not root_path.is_dir():
+        raise RunFormatError(f"{root_path}: no such folder; pass a run folder or a folder of runs")
+    found: list[Path] = []
+    for dirpath, dirnames, _ in os.walk(root_path):
+        if is_run_dir(dirpath):
+            found.append(Path(dirpath))
+            dirnames[:] = []  # a run does not contain runs
+            continue
+        dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != "__pycache__"]
+    return sorted(found)
+
+
+def _check_run_dir(path: Path) -> None:
+    if not path.exists():
+        raise RunFormatError(f"{path}: no such run folder")
+    if not path.is_dir():
+        raise RunFormatError(
+            f"{path} is a file, not a run folder (a folder with {META_FILE} and {STEPS_FILE}); "
+            "for a foreign log (CSV, trainer_state.json, ...) use lld_monitor.load_table"
+        )
+    missing = [name for name in (META_FILE, STEPS_FILE) if not (path / name).is_file()]
+    if missing:
+        hint = ""
+        below = find_runs(path)
+        if below:
+            hint = f"; it contains {len(below)} run(s), e.g. {below[0]}"
+        raise RunFormatError(
+            f"{path} is not a run folder: expected {META_FILE} and {STEPS_FILE}, "
+            f"missing {', '.join(missing)}{hint}"
+        )
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    meta_path = path / META_FILE
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunFormatError(f"{meta_path}: unreadable run metadata ({exc})") from exc
+    if not isinstance(meta, dict):
+        raise RunFormatError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
+    version = meta.get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise RunFormatError(f"{meta_path}: missing or non-integer schema_version ({version!r})")
+    if version > SCHEMA_VERSION:
+        raise RunFormatError(
+            f"{path} uses run-format schema version {version}, but this lld_monitor reads up to "
+            f"version {SCHEMA_VERSION}: upgrade lld_monitor to read it"
+        )
+    if version < 1:
+        raise RunFormatError(f"{meta_path}: invalid schema_version {version} (must be >= 1)")
+    return meta
+
+
+def _read_closed(path: Path) -> dict[str, Any] | None:
+    try:
+        closed = json.loads((path / CLOSED_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None  # written atomically, so only a foreign hand could garble it
+    return closed if isinstance(closed, dict) else None
+
+
+# --- the writer ---------------------------------------------------------------------------------
+
+
+class RunWriter:
+    """Append-only writer of one run folder; thread-safe; one writer per folder (rank 0)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        meta: Mapping[str, Any] | None = None,
+        *,
+        resume: bool = False,
+        fsync_every_s: float = DEFAULT_FSYNC_EVERY_S,
+        token_budget_bytes: int = DEFAULT_TOKEN_BUDGET_BYTES,
+    ) -> None:
+        if fsync_every_s < 0:
+            raise ValueError(f"fsync_every_s must be >= 0 (0 = every row), got {fsync_every_s}")
+        if token_budget_bytes < 0:
+            raise ValueError(f"token_budget_bytes must be >= 0, got {token_budget_bytes}")
+        self.path = Path(path)
+        self.fsync_every_s = float(fsync_every_s)
+        self.token_budget_bytes = int(token_budget_bytes)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._budget_event_logged = False
+        self._n_steps = 0
+        self._last_step: int | None = None
+
+        if self.path.exists() and not self.path.is_dir():
+            raise RunFormatError(f"{self.path} is a file; RunWriter needs a folder path")
+        resuming = is_run_dir(self.path)
+        if resuming and not resume:
+            raise FileExistsError(
+                f"{self.path} already holds a run; pass resume=True to append to it, "
+                "or choose a new folder"
+            )
+        if not resuming and (self.path / META_FILE).exists():
+            _check_run_dir(self.path)  # meta without steps: refuse to overwrite someone's meta
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / TOKENS_DIR).mkdir(exist_ok=True)
+
+        torn_bytes = 0
+        if resuming:
+            self.meta = _read_meta(self.path)
+            torn_bytes = self._drop_torn_tail(self.path / STEPS_FILE)
+            torn_bytes += self._drop_torn_tail(self.path / EVENTS_FILE)
+            (self.path / CLOSED_FILE).unlink(missing_ok=True)
+        else:
+            extra = _plain(dict(meta or {}), "meta", lenient=True)
+            self.meta = {
+                "schema_version": SCHEMA_VERSION,
+                "created": time.time(),
+                "created_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "versions": _package_versions(),
+                "host": platform.node(),
+                "argv": list(sys.argv),
+                "config": {},
+                "trainer": None,
+                **extra,
+            }
+            self.meta["schema_version"] = SCHEMA_VERSION
+            (self.path / STEPS_FILE).touch()
+            (self.path / EVENTS_FILE).touch()
+            _write_atomic(self.path / META_FILE, _dumps(self.meta))
+
+        # Unbuffered: each row is one write() call, visible to readers at once.
+        self._steps = open(self.path / STEPS_FILE, "ab", buffering=0)
+        self._events = open(self.path / EVENTS_FILE, "ab", buffering=0)
+        self._last_fsync = time.monotonic()
+        self._token_bytes = sum(
+            f.stat().st_size for f in (self.path / TOKENS_DIR).glob("*.parquet") if f.is_file()
+        )
+        self._token_seq = 1 + max(
+            (
+                int(m.group(2))
+                for f in (self.path / TOKENS_DIR).iterdir()
+                if (m := _TOKEN_FILE_RE.match(f.name))
+            ),
+            default=-1,
+        )
+        if resuming:
+            msg = "run resumed"
+            if torn_bytes:
+                msg += f"; dropped a torn last line of {torn_bytes} bytes left by the last writer"
+            self.log_event(
+                {C.EVENT_TYPE: "lifecycle", C.EVENT_KIND: "resume", C.EVENT_MESSAGE: msg}
+            )
+        else:
+            self.log_event(
+                {C.EVENT_TYPE: "lifecycle", C.EVENT_KIND: "start", C.EVENT_MESSAGE: "run started"}
+            )
+
+    @staticmethod
+    def _drop_torn_tail(file: Path) -> int:
+        """Truncate an incomplete last line (a crash mid-write) so appends start on a fresh line."""
+        if not file.is_file():
+            file.touch()
+            return 0
+        with open(file, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return 0
+            f.seek(max(0, size - 65536))
+            tail = f.read()
+            if tail.endswith(b"\n"):
+                return 0
+            cut = tail.rfind(b"\n")
+            if cut < 0 and size > len(tail):
+                return 0  # a single line longer than 64 KiB: leave it to the reader to skip
+            try:
+                complete = isinstance(json.loads(tail[cut + 1 :]), dict)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                complete = False
+            if complete:  # a whole record that only lacks its newline: keep it
+                f.write(b"\n")
+                return 0
+            keep = size - len(tail) + cut + 1
+            f.truncate(keep)
+            return size - keep
+
+    # -- public API --------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def n_steps(self) -> int:
+        """Number of step rows this writer wrote (not counting rows from before a resume)."""
+        return self._n_steps
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of token samples in the folder, counted against ``token_budget_bytes``."""
+        return self._token_bytes
+
+    def log_step(self, row: Mapping[str, Any]) -> None:
+        """Append one step row: needs ``step``; adds ``time`` if absent; NaN/inf stored as null."""
+        if C.STEP not in row:
+            raise ValueError(
+                f"log_step needs a {C.STEP!r} key (the optimizer step); got keys {sorted(row)[:8]}"
+            )
+        record = {str(k): _plain(v, str(k)) for k, v in row.items()}
+        record[C.STEP] = _as_step(record[C.STEP])
+        if record.get(C.TIME) is None:
+            record[C.TIME] = time.time()
+        line = _dumps(record)
+        with self._lock:
+            self._require_open()
+            self._steps.write(line)
+            self._n_steps += 1
+            self._last_step = record[C.STEP]
+            now = time.monotonic()
+            if now - self._last_fsync >= self.fsync_every_s:
+                os.fsync(self._steps.fileno())
+                self._last_fsync = now
+
+    def log_event(self, event: Mapping[str, Any]) -> None:
+        """Append one event (see ``events.make_event``); fsynced at once, events are rare."""
+        line = _event_line(event)
+        with self._lock:
+            self._require_open()
+            self._write_event(line)
+
+    def _write_event(self, line: bytes) -> None:
+        self._events.write(line)
+        os.fsync(self._events.fileno())
+
+    def log_tokens(self, rows: pd.DataFrame | list[dict[str, Any]], step: int) -> bool:
+        """Store token rows of ``step`` as one Parquet file; False if dropped (budget) or empty."""
+        step = _as_step(step)
+        frame = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+        if frame.empty:
+            return False
+        frame[C.TOK_STEP] = step
+        ordered = [c for c in C.TOKEN_COLUMNS if c in frame.columns]
+        frame = frame[ordered + [c for c in frame.columns if c not in ordered]]
+        buf = io.BytesIO()
+        frame.to_parquet(buf, index=False)
+        data = buf.getvalue()
+        with self._lock:
+            self._require_open()
+            if self._token_bytes + len(data) > self.token_budget_bytes:
+                log_budget = not self._budget_event_logged
+                self._budget_event_logged = True
+            else:
+                log_budget = False
+                name = f"step{step:09d}_{self._token_seq:06d}.parquet"
+                self._token_seq += 1
+                _write_atomic(self.path / TOKENS_DIR / name, data)
+                self._token_bytes += len(data)
+                return True
+        if log_budget:
+            self.log_event(
+                {
+                    C.EVENT_TYPE: "lifecycle",
+                    C.EVENT_STEP: step,
+                    C.EVENT_KIND: "token_budget_reached",
+                    C.EVENT_SEVERITY: "warning",
+                    C.EVENT_MESSAGE: (
+                        f"token samples reached the budget of {self.token_budget_bytes} bytes "
+                        f"({self._token_bytes} stored); later token samples are dropped, "
+                        "step rows are kept"
+                    ),
+                    C.EVENT_EVIDENCE: {
+                        "token_bytes": self._token_bytes,
+                        "token_budget_bytes": self.token_budget_bytes,
+                        "rejected_bytes": len(data),
+                    },
+                }
+            )
+        return False
+
+    def close(self, *, error: BaseException | None = None) -> None:
+        """Fsync, write the end event and ``closed.json``; idempotent."""
+        message = "run closed" if error is None else f"run ended by {type(error).__name__}: {error}"
+        line = _event_line(
+            {
+                C.EVENT_TYPE: "lifecycle",
+                C.EVENT_STEP: self._last_step,
+                C.EVENT_KIND: "end",
+                C.EVENT_SEVERITY: "info" if error is None else "critical",
+                C.EVENT_MESSAGE: message,
+            }
+        )
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._write_event(line)
+            os.fsync(self._steps.fileno())
+            self._steps.close()
+            self._events.close()
+            closed = {
+                "closed": True,
+                "end_time": time.time(),
+                "outcome": "ok" if error is None else "error",
+                "n_steps": self._n_steps,
+                "last_step": self._last_step,
+            }
+            _write_atomic(self.path / CLOSED_FILE, _dumps(closed))
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close(error=exc)
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise ValueError(
+                f"RunWriter for {self.path} is closed; open a new one with resume=True"
+            )
+
+
+def _event_line(event: Mapping[str, Any]) -> bytes:
+    """One validated event as a JSON line (missing fields filled, time added)."""
+    etype = event.get(C.EVENT_TYPE)
+    if etype not in C.EVENT_TYPES:
+        raise ValueError(
+            f"event {C.EVENT_TYPE!r} must be one of {C.EVENT_TYPES}, got {etype!r}; "
+            "build events with lld_monitor.make_event or Alert.to_event()"
+        )
+    severity = event.get(C.EVENT_SEVERITY, "info")
+    if severity not in C.SEVERITIES:
+        raise ValueError(f"event severity must be one of {C.SEVERITIES}, got {severity!r}")
+    record = {
+        C.EVENT_TYPE: etype,
+        C.EVENT_STEP: None,
+        C.EVENT_TIME: None,
+        C.EVENT_KIND: "",
+        C.EVENT_SEVERITY: severity,
+        C.EVENT_MESSAGE: "",
+        C.EVENT_EVIDENCE: {},
+    }
+    record.update({str(k): _plain(v, str(k)) for k, v in event.items()})
+    if record[C.EVENT_STEP] is not None:
+        record[C.EVENT_STEP] = _as_step(record[C.EVENT_STEP])
+    if record[C.EVENT_TIME] is None:
+        record[C.EVENT_TIME] = time.time()
+    return _dumps(record)
+
+
+def _as_step(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{C.STEP!r} must be an integer, got {value!r}")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{C.STEP!r} must be an integer, got {value!r}")
+    return int(value)
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+
+def _parse_lines(data: bytes, *, final: bool) -> tuple[list[dict[str, Any]], int, int]:
+    """Parse JSON lines; returns (records, garbled middle lines, bytes consumed).
+
+    With ``final`` the text after the last newline is parsed too (ignored if torn); without it
+    that partial line is left unconsumed for the next read.
+    """
+    end = data.rfind(b"\n") + 1
+    lines = data[:end].split(b"\n")[:-1] if end else []
+    records: list[dict[str, Any]] = []
+    garbled = 0
+    loads = json.loads
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            obj = loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            garbled += 1
+            continue
+        if isinstance(obj, dict):
+            records.append(obj)
+        else:
+            garbled += 1
+    consumed = end
+    if final and end < len(data):
+        tail = data[end:]
+        try:
+            obj = loads(tail)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            obj = None  # torn last line: a crash or a racing writer; never fatal
+        if isinstance(obj, dict):
+            records.append(obj)
+        consumed = len(data)
+    return records, garbled, consumed
+
+
+def _numeric_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """Turn all-number object columns (numbers mixed with nulls) into floats with NaN."""
+    for col in frame.columns:
+        if frame[col].dtype == object:
+            try:
+                frame[col] = pd.to_numeric(frame[col])
+            except (ValueError, TypeError):
+                continue
+    return frame
+
+
+def _steps_frame(records: list[dict[str, Any]]) -> tuple[pd.DataFrame, int]:
+    """Step records as a DataFrame (canonical columns first); returns (frame, rows without step)."""
+    good = [r for r in records if _valid_step(r.get(C.STEP))]
+    if not good:
+        return pd.DataFrame({C.STEP: pd.Series([], dtype="int64")}), len(records)
+    frame = _numeric_columns(pd.DataFrame.from_records(good))
+    frame[C.STEP] = frame[C.STEP].astype("int64")
+    ordered = [c for c in C.STEP_COLUMNS if c in frame.columns]
+    frame = frame[ordered + [c for c in frame.columns if c not in ordered]]
+    return frame, len(records) - len(good)
+
+
+def _valid_step(value: Any) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, float) and value.is_integer()
+    )
+
+
+def _events_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    frame = pd.DataFrame.from_records(records) if records else pd.DataFrame()
+    for col in _EVENT_ORDER:
+        if col not in frame.columns:
+            frame[col] = pd.Series([], dtype=object) if frame.empty else None
+    frame[C.EVENT_STEP] = pd.to_numeric(frame[C.EVENT_STEP], errors="coerce").astype("Int64")
+    frame[C.EVENT_TIME] = pd.to_numeric(frame[C.EVENT_TIME], errors="coerce").astype("float64")
+    return frame[list(_EVENT_ORDER) + [c for c in frame.columns if c not in _EVENT_ORDER]]
+
+
+def _token_files(path: Path) -> Iterator[tuple[int, Path]]:
+    folder = path / TOKENS_DIR
+    if not folder.is_dir():
+        return
+    for f in sorted(folder.iterdir()):
+        m = _TOKEN_FILE_RE.match(f.name)
+        if m:
+            yield int(m.group(1)), f
+
+
+def _read_tokens(path: Path, step: int | None) -> pd.DataFrame:
+    frames = [pd.read_parquet(f) for s, f in _token_files(path) if step is None or s == step]
+    if not frames:
+        return pd.DataFrame({c: pd.Series([], dtype=object) for c in C.TOKEN_COLUMNS})
+    return pd.concat(frames, ignore_index=True)
+
+
+@dataclass(frozen=True, eq=False)
+class Run:
+    """A run folder loaded in full: meta, steps (sorted by step), events; tokens on demand."""
+
+    path: Path
+    meta: dict[str, Any]
+    steps: pd.DataFrame
+    events: pd.DataFrame
+    closed_info: dict[str, Any] | None = None
+    skipped_lines: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        """True once the writer closed (``closed.json``); False while running or after a crash."""
+        return bool(self.closed_info and self.closed_info.get("closed"))
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def last_modified(self) -> float:
+        """UNIX time of the last write to the step log (tells a live run from a stale one)."""
+        return (self.path / STEPS_FILE).stat().st_mtime
+
+    def tokens(self, step: int | None = None) -> pd.DataFrame:
+        """Token samples (columns.TOKEN_COLUMNS), all of them or those of one ``step``."""
+        return _read_tokens(self.path, step)
+
+    def token_steps(self) -> list[int]:
+        """Steps that have token samples, ascending."""
+        return sorted({s for s, _ in _token_files(self.path)})
+
+
+def _read_jsonl(file: Path) -> tuple[list[dict[str, Any]], int]:
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        return [], 0
+    records, garbled, _ = _parse_lines(data, final=True)
+    return records, garbled
+
+
+def load_run(path: str | os.PathLike[str] | Run) -> Run:
+    """Load a run folder; torn/garbled lines are skipped; a repeated step keeps its last row."""
+    if isinstance(path, Run):
+        return path
+    run_path = Path(path)
+    _check_run_dir(run_path)
+    meta = _read_meta(run_path)
+    closed = _read_closed(run_path)  # read before the steps: closed + steps => all steps seen
+    step_records, steps_garbled = _read_jsonl(run_path / STEPS_FILE)
+    steps, no_step = _steps_frame(step_records)
+    if len(steps):
+        steps = steps.drop_duplicates(subset=C.STEP, keep="last")
+        steps = steps.sort_values(C.STEP, kind="stable").reset_index(drop=True)
+    event_records, events_garbled = _read_jsonl(run_path / EVENTS_FILE)
+    events = _events_frame(event_records)
+    skipped = {STEPS_FILE: steps_garbled + no_step, EVENTS_FILE: events_garbled}
+    _warn_skipped(run_path, skipped)
+    return Run(run_path, meta, steps, events, closed, skipped)
+
+
+def _warn_skipped(path: Path, skipped: Mapping[str, int]) -> None:
+    bad = {k: v for k, v in skipped.items() if v}
+    if bad:
+        detail = ", ".join(f"{n} in {k}" for k, v in bad.items() for n in [v])
+        warnings.warn(
+            f"{path}: skipped {sum(bad.values())} garbled line(s) ({detail})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+class RunReader:
+    """Incremental reader of a live run: each read returns only rows appended since the last."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        _check_run_dir(self.path)
+        self.meta = _read_meta(self.path)
+        self._offsets = {STEPS_FILE: 0, EVENTS_FILE: 0}
+        self._inodes: dict[str, int] = {}
+        self.skipped_lines = {STEPS_FILE: 0, EVENTS_FILE: 0}
+
+    @property
+    def finished(self) -> bool:
+        """True once the writer closed (``closed.json`` present)."""
+        closed = _read_closed(self.path)
+        return bool(closed and closed.get("closed"))
+
+    def _read_new(self, name: str) -> list[dict[str, Any]]:
+        file = self.path / name
+        try:
+            st = file.stat()
+        except FileNotFoundError:
+            return []
+        offset = self._offsets[name]
+        if self._inodes.get(name, st.st_ino) != st.st_ino or st.st_size < offset:
+            warnings.warn(f"{file} was replaced; reading it from the start", RuntimeWarning, 2)
+            offset = 0
+        self._inodes[name] = st.st_ino
+        if st.st_size == offset:
+            return []
+        with open(file, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+        records, garbled, consumed = _parse_lines(data, final=False)
+        self._offsets[name] = offset + consumed
+        self.skipped_lines[name] += garbled
+        return records
+
+    def read_steps(self) -> pd.DataFrame:
+        """Step rows appended since the last call, in write order (empty frame when none)."""
+        records = self._read_new(STEPS_FILE)
+        frame, no_step = _steps_frame(records)
+        self.skipped_lines[STEPS_FILE] += no_step
+        return frame.reset_index(drop=True)
+
+    def read_events(self) -> pd.DataFrame:
+        """Events appended since the last call, in write order."""
+        return _events_frame(self._read_new(EVENTS_FILE))
