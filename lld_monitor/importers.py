@@ -1,0 +1,525 @@
+"""Read logged runs of any origin into one table with the canonical column names.
+
+``load_table(path)`` detects the format from the content (not the extension alone), maps the
+foreign metric names to ``lld_monitor.columns`` through one table (``FOREIGN_NAMES``), keeps the
+training rows, and returns a numeric DataFrame sorted by ``step``. No torch import here.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import io
+import itertools
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lld_monitor import columns as C
+
+# --- formats ----------------------------------------------------------------------------------
+
+#: format name -> what it is (the names ``detect_format`` returns, in the order they are tried).
+FORMATS: dict[str, str] = {
+    "lld_run": "an lld_monitor run folder (meta.json + steps.jsonl)",
+    "tensorboard": "a TensorBoard event folder or events.out.tfevents.* file",
+    "parquet": "a Parquet table with canonical column names",
+    "trl_trainer_state": "a TRL/transformers trainer_state.json (log_history)",
+    "log_history": "a JSON list of log_history-style metric dicts",
+    "notebook_log": "a notebook stream log or .ipynb with TRL's printed metric dicts",
+    "verl_jsonl": 'a verl file-logger JSONL ({"step": ..., "data": {...}} per line)',
+    "jsonl": "a JSONL table with canonical column names",
+    "verl_console": "a verl console log (step:N - actor/grad_norm:... lines)",
+    "trl_console": "a console log or terminal capture with TRL's printed metric dicts",
+    "wandb_csv": "a W&B history export (CSV with _step, train/reward, ...)",
+    "csv": "a CSV table with canonical column names",
+}
+
+_EXPECTED = (
+    "expected an lld_monitor run folder, a CSV/Parquet/JSONL table, a TRL trainer_state.json or "
+    "log_history JSON, a console/notebook log with TRL metric dicts, a W&B history CSV, a "
+    "TensorBoard event folder, or a verl console/file log"
+)
+
+
+class ImportFormatError(ValueError):
+    """The file is unreadable or in no format ``load_table`` knows; the message is one line."""
+
+
+# --- the one mapping table ----------------------------------------------------------------------
+
+#: canonical column -> foreign names, highest priority first. Every format goes through this one
+#: table; besides these, ``<col>``, ``lld/<col>``, ``train/lld/<col>`` and ``train/<col>`` map to
+#: every canonical ``<col>``, and ``train/<name>`` maps like ``<name>`` (transformers' W&B and
+#: TensorBoard callbacks prefix training metrics with ``train/``).
+FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
+    C.STEP: ("global_step", "train/global_step", "trainer/global_step", "_step", "Step"),
+    C.TIME: ("_timestamp", "timestamp", "wall_time"),
+    # TRL: reward; verl: critic/score/mean (the task score, before any in-reward KL penalty)
+    C.REWARD_MEAN: ("reward", "rewards/mean", "critic/score/mean", "critic/rewards/mean"),
+    C.REWARD_STD: ("rewards/std",),
+    # TRL's stock accuracy_reward returns 1/0 per completion: its mean is the accuracy
+    C.ACCURACY: ("rewards/accuracy_reward/mean", "rewards/accuracy_reward"),
+    C.LOSS: ("actor/pg_loss",),
+    C.LEARNING_RATE: ("lr", "actor/lr"),
+    C.GRAD_NORM: ("actor/grad_norm",),
+    C.ENTROPY: ("actor/entropy", "actor/entropy_loss"),
+    # KL to the reference first (verl's kl_loss), then verl's old-vs-current ppo_kl
+    C.KL: ("actor/kl_loss", "actor/ppo_kl"),
+    C.COMPLETION_LENGTH: ("completions/mean_length", "response_length/mean"),
+    C.NUM_SEARCHES: ("env/number_of_valid_search",),
+    C.FRAC_ZERO_STD_GROUPS: ("frac_reward_zero_std",),
+}
+
+_NON_TRAINING = frozenset({C.STEP, C.TIME, C.LEARNING_RATE})
+
+
+def _build_lookup() -> dict[str, tuple[str, int]]:
+    """Source name -> (canonical column, priority); lower priority numbers win."""
+    lookup: dict[str, tuple[str, int]] = {}
+
+    def add(name: str, col: str, prio: int) -> None:
+        if name not in lookup or lookup[name][1] > prio:
+            lookup[name] = (col, prio)
+
+    for col in C.STEP_COLUMNS:
+        for prio, name in enumerate((col, f"lld/{col}", f"train/lld/{col}", f"train/{col}")):
+            add(name, col, prio)
+    for col, names in FOREIGN_NAMES.items():
+        for i, name in enumerate(names):
+            add(name, col, 10 + i)
+            add(f"train/{name}", col, 50 + i)
+    return lookup
+
+
+_LOOKUP = _build_lookup()
+
+
+def canonical_name(source: str) -> str | None:
+    """The canonical column a foreign metric name maps to, or None when it maps to none."""
+    hit = _LOOKUP.get(str(source).strip())
+    return None if hit is None else hit[0]
+
+
+# --- public API ---------------------------------------------------------------------------------
+
+
+def detect_format(path: str | Path) -> str:
+    """Name of the format of ``path`` (a key of ``FORMATS``), from its content."""
+    fmt, _ = _detect(Path(path))
+    return fmt
+
+
+def load_table(path: str | Path) -> pd.DataFrame:
+    """Load a logged run as a numeric DataFrame of canonical columns, sorted by ``step``.
+
+    ``df.attrs``: ``source_format`` (a ``FORMATS`` key), ``unmapped_columns`` (foreign names not
+    mapped), ``step_source`` (where ``step`` came from), ``source_path``.
+    """
+    path = Path(path)
+    fmt, payload = _detect(path)
+    try:
+        frame, step_source = _READERS[fmt](path, payload)
+    except ImportFormatError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise ImportFormatError(
+            f"{path}: looked like {FORMATS[fmt]} but could not be read ({_one_line(exc)})"
+        ) from exc
+    df, unmapped = canonicalize(frame)
+    if df.empty:
+        raise ImportFormatError(
+            f"{path}: read as {FORMATS[fmt]} but found no training rows with a known metric "
+            f"({', '.join(sorted(FOREIGN_NAMES[C.REWARD_MEAN]))}, grad_norm, loss, ...)"
+        )
+    df.attrs["source_format"] = fmt
+    df.attrs["unmapped_columns"] = unmapped
+    df.attrs["step_source"] = step_source
+    df.attrs["source_path"] = str(path)
+    return df
+
+
+def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Map a raw metric table to canonical columns; return it and the unmapped source names.
+
+    Keeps rows that carry at least one training metric (drops eval/summary rows), merges rows of
+    the same step (last logged value wins), sorts by step. Without a step column, step = 1, 2, ...
+    """
+    by_col: dict[str, list[tuple[int, str]]] = {}
+    unmapped: list[str] = []
+    for source in frame.columns:
+        hit = _LOOKUP.get(str(source).strip())
+        if hit is None:
+            unmapped.append(str(source))
+        else:
+            by_col.setdefault(hit[0], []).append((hit[1], source))
+    out = pd.DataFrame(index=frame.index)
+    for col in C.STEP_COLUMNS:
+        sources = [s for _, s in sorted(by_col.get(col, []), key=lambda t: t[0])]
+        if not sources:
+            continue
+        series = _numeric(frame[sources[0]])
+        for s in sources[1:]:
+            series = series.fillna(_numeric(frame[s]))
+        out[col] = series
+    if C.STEP not in out.columns:
+        out.insert(0, C.STEP, np.arange(1, len(out) + 1, dtype=float))
+    training = [c for c in out.columns if c not in _NON_TRAINING]
+    if not training:
+        return pd.DataFrame(columns=[C.STEP]), unmapped
+    out = out[out[training].notna().any(axis=1) & out[C.STEP].notna()]
+    if out.empty:
+        return pd.DataFrame(columns=list(out.columns)), unmapped
+    out = out.groupby(C.STEP, sort=True, as_index=False).last()
+    out[C.STEP] = out[C.STEP].astype("int64")
+    out = out.reset_index(drop=True)
+    out = out[[c for c in C.STEP_COLUMNS if c in out.columns]]
+    return out, unmapped
+
+
+# --- detection ----------------------------------------------------------------------------------
+
+_PRINTED_DICT_RE = re.compile(r"\{'[^{}\n]*\}")
+_VERL_LINE_RE = re.compile(r"(?:^|[\s)\]])step:\d+ - [^\s:]+:\S", re.MULTILINE)
+_TB_NAME = "tfevents"
+
+
+def _detect(path: Path) -> tuple[str, Any]:
+    """(format, parsed payload or None) for ``path``; raises ImportFormatError."""
+    if not path.exists():
+        raise ImportFormatError(f"{path}: no such file or folder; {_EXPECTED}")
+    if path.is_dir():
+        if _is_run_dir(path):
+            return "lld_run", None
+        if any(_TB_NAME in p.name for p in path.rglob("*") if p.is_file()):
+            return "tensorboard", None
+        state = path / "trainer_state.json"
+        if state.is_file():
+            return _detect(state)
+        raise ImportFormatError(
+            f"{path}: folder holds no run log, TensorBoard events or trainer_state.json; "
+            f"{_EXPECTED}"
+        )
+    if _TB_NAME in path.name:
+        return "tensorboard", None
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4)
+        if head == b"PAR1":
+            return "parquet", None
+        text = path.read_text(encoding="utf-8", errors="replace").lstrip("\ufeff")
+    except OSError as exc:
+        raise ImportFormatError(f"{path}: cannot read ({_one_line(exc)}); {_EXPECTED}") from exc
+    if "\x00" in text[:4096]:
+        raise ImportFormatError(f"{path}: binary file of unknown format; {_EXPECTED}")
+    stripped = text.lstrip()
+    if stripped[:1] in ("[", "{"):
+        found = _detect_json(stripped)
+        if found is not None:
+            return found
+    if _VERL_LINE_RE.search(text):
+        return "verl_console", text
+    if _find_printed_dicts(text):
+        return "trl_console", text
+    table = _sniff_csv(text)
+    if table is not None:
+        cols = [str(c) for c in table.columns]
+        wandb = any(c in ("_step", "_timestamp", "_runtime") for c in cols) or any(
+            c.startswith("train/") or " - " in c for c in cols
+        )
+        if any(_LOOKUP.get(c.strip()) or " - " in c for c in cols):
+            return ("wandb_csv" if wandb else "csv"), table
+    raise ImportFormatError(f"{path}: unknown format; {_EXPECTED}")
+
+
+def _detect_json(text: str) -> tuple[str, Any] | None:
+    """Detect the JSON-based formats (whole document, then JSON lines)."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict):
+        if isinstance(doc.get("log_history"), list):
+            return "trl_trainer_state", doc["log_history"]
+        if isinstance(doc.get("cells"), list):
+            return "notebook_log", _notebook_text(doc)
+        doc = [doc]  # a one-line JSONL file
+    if isinstance(doc, list) and doc and all(isinstance(r, dict) for r in doc):
+        if any(_is_stream_record(r) for r in doc):
+            return "notebook_log", "".join(_stream_text(r) for r in doc)
+        if all(_is_verl_record(r) for r in doc):
+            return "verl_jsonl", doc
+        return ("log_history" if text.startswith("[") else "jsonl"), doc
+    if doc is not None:
+        return None
+    records = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line or a stray print: skipped, never fatal
+        if isinstance(rec, dict):
+            records.append(rec)
+    if not records:
+        return None
+    if all(_is_verl_record(r) for r in records):
+        return "verl_jsonl", records
+    return "jsonl", records
+
+
+def _is_verl_record(rec: Mapping[str, Any]) -> bool:
+    return isinstance(rec.get("data"), dict) and "step" in rec
+
+
+def _is_stream_record(rec: Mapping[str, Any]) -> bool:
+    return ("stream_name" in rec or rec.get("output_type") == "stream" or "name" in rec) and (
+        isinstance(rec.get("data"), str) or isinstance(rec.get("text"), (str, list))
+    )
+
+
+def _stream_text(rec: Mapping[str, Any]) -> str:
+    data = rec.get("data", rec.get("text", ""))
+    return "".join(data) if isinstance(data, list) else str(data)
+
+
+def _notebook_text(doc: Mapping[str, Any]) -> str:
+    """All stream output text of an .ipynb, in cell order."""
+    parts: list[str] = []
+    for cell in doc.get("cells", []):
+        for out in cell.get("outputs", []) or []:
+            if out.get("output_type") == "stream":
+                parts.append(_stream_text(out))
+    return "".join(parts)
+
+
+def _is_run_dir(path: Path) -> bool:
+    try:
+        from lld_monitor.runlog import is_run_dir
+    except ImportError:
+        return (path / "meta.json").is_file() and (path / "steps.jsonl").is_file()
+    return bool(is_run_dir(path))
+
+
+def _sniff_csv(text: str) -> pd.DataFrame | None:
+    first = text.split("\n", 1)[0]
+    if "," not in first and "\t" not in first:
+        return None
+    sep = "\t" if first.count("\t") > first.count(",") else ","
+    try:
+        return pd.read_csv(io.StringIO(text), sep=sep)
+    except (ValueError, csv.Error):
+        return None
+
+
+# --- readers ------------------------------------------------------------------------------------
+
+
+def _read_lld_run(path: Path, _: Any) -> tuple[pd.DataFrame, str]:
+    from lld_monitor.runlog import RunFormatError, load_run
+
+    try:
+        run = load_run(path)
+    except RunFormatError as exc:
+        raise ImportFormatError(
+            f"{path}: broken lld_monitor run folder ({_one_line(exc)})"
+        ) from exc
+    return run.steps.copy(), "logged"
+
+
+def _step_source(frame: pd.DataFrame) -> str:
+    """'logged' when a column maps to ``step``, else 'row_order' (canonicalize numbers rows)."""
+    return "logged" if any(canonical_name(c) == C.STEP for c in frame.columns) else "row_order"
+
+
+def _read_parquet(path: Path, _: Any) -> tuple[pd.DataFrame, str]:
+    frame = pd.read_parquet(path)
+    return frame, _step_source(frame)
+
+
+def _read_table(_: Path, table: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    return table, _step_source(table)
+
+
+def _read_wandb_csv(_: Path, table: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """W&B history export; a panel export ("Step", "<run> - <metric>", "__MIN/__MAX") too."""
+    renamed = {}
+    for col in table.columns:
+        name = str(col)
+        if name.endswith(("__MIN", "__MAX")):
+            continue
+        if " - " in name:
+            name = name.split(" - ", 1)[1]
+        renamed[col] = name
+    table = table[list(renamed)].rename(columns=renamed)
+    return table.loc[:, ~table.columns.duplicated()], "logged"
+
+
+def _read_records(_: Path, records: Sequence[Mapping[str, Any]]) -> tuple[pd.DataFrame, str]:
+    frame = _frame(records)
+    return frame, _step_source(frame)
+
+
+def _read_verl_jsonl(_: Path, records: Sequence[Mapping[str, Any]]) -> tuple[pd.DataFrame, str]:
+    rows = [{**dict(r["data"]), C.STEP: r["step"]} for r in records]
+    return _frame(rows), "logged"
+
+
+def _read_verl_console(_: Path, text: str) -> tuple[pd.DataFrame, str]:
+    return _frame(parse_verl_console(text)), "logged"
+
+
+def _read_printed(_: Path, text: str) -> tuple[pd.DataFrame, str]:
+    found = _find_printed_dicts(text)
+    steps = [s for s, _ in found]
+    dicts = [d for _, d in found]
+    training = [
+        i for i, d in enumerate(dicts) if not _is_summary(d) and any(_is_training_key(k) for k in d)
+    ]
+    train_steps = [steps[i] for i in training]
+    increasing = all(s is not None for s in train_steps) and all(
+        b > a for a, b in itertools.pairwise(train_steps)
+    )
+    rows = []
+    for n, i in enumerate(training, start=1):
+        rows.append({**dicts[i], C.STEP: train_steps[n - 1] if increasing else n})
+    return _frame(rows), ("progress_bar" if increasing else "row_order")
+
+
+def _read_tensorboard(path: Path, _: Any) -> tuple[pd.DataFrame, str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = [path] if path.is_file() else sorted(p for p in path.rglob(f"*{_TB_NAME}*"))
+    values: dict[int, dict[str, float]] = {}
+    times: dict[int, float] = {}
+    for f in files:
+        acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags().get("scalars", []):
+            for ev in acc.Scalars(tag):
+                values.setdefault(int(ev.step), {})[tag] = float(ev.value)
+                times[int(ev.step)] = max(times.get(int(ev.step), 0.0), float(ev.wall_time))
+    if not values:
+        raise ImportFormatError(f"{path}: TensorBoard events hold no scalars")
+    rows = [{**v, C.STEP: s, "wall_time": times[s]} for s, v in sorted(values.items())]
+    return _frame(rows), "logged"
+
+
+_READERS = {
+    "lld_run": _read_lld_run,
+    "tensorboard": _read_tensorboard,
+    "parquet": _read_parquet,
+    "trl_trainer_state": _read_records,
+    "log_history": _read_records,
+    "notebook_log": _read_printed,
+    "verl_jsonl": _read_verl_jsonl,
+    "jsonl": _read_records,
+    "verl_console": _read_verl_console,
+    "trl_console": _read_printed,
+    "wandb_csv": _read_wandb_csv,
+    "csv": _read_table,
+}
+
+
+# --- text parsers -------------------------------------------------------------------------------
+
+_ITEM_RE = re.compile(
+    r"""'((?:[^'\\]|\\.)*)'\s*:\s*("""
+    r"""'(?:[^'\\]|\\.)*'"""  # a quoted value ('0.1476' in recent TRL)
+    r"""|[-+]?(?:nan|inf|\d[\d.]*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)"""
+    r"""|None|True|False"""
+    r""")\s*(?=,|\})"""
+)
+_PROGRESS_RE = re.compile(r"(\d+)/(\d+) \[")
+_NUMBER_WRAPPER_RE = re.compile(r"^(?:np\.\w+|numpy\.\w+|tensor|float|int)\((.*?)(?:,.*)?\)$")
+
+
+def _find_printed_dicts(text: str) -> list[tuple[int | None, dict[str, Any]]]:
+    """Python dict reprs of metrics in ``text`` with the tqdm step printed before each (or None)."""
+    out: list[tuple[int | None, dict[str, Any]]] = []
+    bars = [(m.start(), int(m.group(1))) for m in _PROGRESS_RE.finditer(text)]
+    b = 0
+    last_bar: int | None = None
+    for m in _PRINTED_DICT_RE.finditer(text):
+        body = m.group(0)
+        items = {k: _parse_value(v) for k, v in _ITEM_RE.findall(body)}
+        if not items or (not any(_LOOKUP.get(k) for k in items) and not _is_summary(items)):
+            continue
+        while b < len(bars) and bars[b][0] < m.start():
+            last_bar = bars[b][1]
+            b += 1
+        out.append((last_bar, items))
+    return out
+
+
+def _is_summary(items: Mapping[str, Any]) -> bool:
+    return "train_runtime" in items or any(k.startswith("eval_") for k in items)
+
+
+def _is_training_key(key: str) -> bool:
+    hit = _LOOKUP.get(key)
+    return hit is not None and hit[0] not in _NON_TRAINING
+
+
+def _parse_value(token: str) -> Any:
+    token = token.strip()
+    if token[:1] == "'":
+        token = ast.literal_eval(token)
+    return token
+
+
+def parse_verl_console(text: str) -> list[dict[str, Any]]:
+    """verl console metric lines (``step:12 - actor/grad_norm:0.31 - ...``) as dicts with step."""
+    rows: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        i = line.find("step:")
+        while i > 0 and not line[i - 1].isspace() and line[i - 1] not in ")]":
+            i = line.find("step:", i + 1)
+        if i < 0:
+            continue
+        parts = line[i:].rstrip().split(" - ")
+        head = parts[0][len("step:") :].strip()
+        if not head.isdigit() or len(parts) < 2:
+            continue
+        row: dict[str, Any] = {C.STEP: int(head)}
+        for part in parts[1:]:
+            key, sep, value = part.rpartition(":")
+            if sep and key:
+                row[key.strip()] = _unwrap_number(value.strip())
+        if len(row) > 1:
+            rows.append(row)
+    return rows
+
+
+def _unwrap_number(value: str) -> str:
+    """``np.float64(0.3)`` / ``tensor(0.3)`` (pprint of numpy/torch scalars) -> ``0.3``."""
+    m = _NUMBER_WRAPPER_RE.match(value)
+    return m.group(1) if m else value
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    rows = [dict(r) for r in records if isinstance(r, Mapping)]
+    return pd.DataFrame.from_records(rows) if rows else pd.DataFrame()
+
+
+def _numeric(series: pd.Series) -> pd.Series:
+    if series.dtype == bool:
+        return series.astype(float)
+    if series.dtype == object:
+        series = series.map(lambda v: _unwrap_number(v.strip()) if isinstance(v, str) else v)
+        series = series.map(lambda v: float(v) if isinstance(v, bool) else v)
+    return pd.to_numeric(series, errors="coerce").astype(float)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -1,0 +1,371 @@
+"""Importers: every supported format reads to the hand-checked canonical values.
+
+Expected numbers are copied by hand from the fixture files in tests/fixtures/importers/ (or from
+the tables built in the test); the mapping each relies on is named in a comment.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lld_monitor import columns as C
+from lld_monitor.importers import (
+    FOREIGN_NAMES,
+    FORMATS,
+    ImportFormatError,
+    canonical_name,
+    detect_format,
+    load_table,
+    parse_verl_console,
+)
+
+FIX = Path(__file__).parent / "fixtures" / "importers"
+REAL_RUN_DIRS = [
+    Path(__file__).resolve().parents[1] / ".." / "shared" / "real_runs",
+    Path("/work/shared/real_runs"),
+]
+
+
+def _col(df: pd.DataFrame, col: str) -> list[float]:
+    return [float(v) for v in df[col]]
+
+
+def _close(actual: list[float], expected: list[float]) -> None:
+    assert len(actual) == len(expected), (actual, expected)
+    for a, e in zip(actual, expected, strict=True):
+        if isinstance(e, float) and math.isnan(e):
+            assert math.isnan(a), (actual, expected)
+        else:
+            assert a == pytest.approx(e, rel=1e-9, abs=1e-12), (actual, expected)
+
+
+# --- fixtures, one per format -------------------------------------------------------------------
+
+
+def test_canonical_csv_sorted_numeric_and_unmapped():
+    df = load_table(FIX / "canonical.csv")
+    assert df.attrs["source_format"] == "csv"
+    # rows are written 3, 1, 2 in the file: sorted by step
+    assert list(df[C.STEP]) == [1, 2, 3]
+    assert df[C.STEP].dtype == np.int64
+    _close(_col(df, C.REWARD_MEAN), [0.25, 0.5, 0.75])
+    _close(_col(df, C.GRAD_NORM), [0.1, 0.2, 0.4])
+    _close(_col(df, C.LOGP_CORRECT), [-0.1, -0.2, -0.3])
+    _close(_col(df, C.FRAC_CORRECT_DISPLACED), [0.2, 0.4, 0.6])
+    assert df.attrs["unmapped_columns"] == ["my_extra"]
+    assert "my_extra" not in df.columns
+    assert all(pd.api.types.is_numeric_dtype(df[c]) for c in df.columns)
+
+
+def test_canonical_jsonl_ignores_torn_last_line():
+    df = load_table(FIX / "canonical.jsonl")
+    assert df.attrs["source_format"] == "jsonl"
+    # the third line is cut mid-record: ignored, not fatal
+    assert list(df[C.STEP]) == [1, 2]
+    _close(_col(df, C.DELTA_CORRECT), [0.5, -0.25])
+    _close(_col(df, C.LLDS_LAMBDA), [0.0, 0.2])
+    _close(_col(df, C.TIME), [1700000000.0, 1700000010.0])
+
+
+def test_parquet_detected_by_magic_not_extension(tmp_path):
+    src = pd.DataFrame(
+        {C.STEP: [2, 1], C.REWARD_MEAN: [0.5, 0.25], C.ENTROPY: [0.7, 0.9], "other": ["a", "b"]}
+    )
+    path = tmp_path / "table.data"  # no .parquet extension
+    src.to_parquet(path)
+    assert detect_format(path) == "parquet"
+    df = load_table(path)
+    assert list(df[C.STEP]) == [1, 2]
+    _close(_col(df, C.REWARD_MEAN), [0.25, 0.5])
+    _close(_col(df, C.ENTROPY), [0.9, 0.7])
+    assert df.attrs["unmapped_columns"] == ["other"]
+
+
+def test_trl_trainer_state_keeps_training_rows_and_maps_names():
+    df = load_table(FIX / "trainer_state.json")
+    assert df.attrs["source_format"] == "trl_trainer_state"
+    # step 20 has a training row, an eval row and the final summary row: one row survives,
+    # with the training values
+    assert list(df[C.STEP]) == [10, 20]
+    _close(_col(df, C.REWARD_MEAN), [0.4, 0.6])  # reward
+    _close(_col(df, C.REWARD_STD), [0.3, 0.2])  # reward_std
+    _close(_col(df, C.ACCURACY), [0.35, 0.55])  # rewards/accuracy_reward/mean
+    _close(_col(df, C.COMPLETION_LENGTH), [120.5, 130.0])  # completions/mean_length
+    _close(_col(df, C.FRAC_ZERO_STD_GROUPS), [0.25, 0.5])  # frac_reward_zero_std
+    _close(_col(df, C.GRAD_NORM), [0.31, 0.62])
+    _close(_col(df, C.ENTROPY), [0.9, 0.8])
+    _close(_col(df, C.KL), [0.001, 0.004])
+    _close(_col(df, C.LOSS), [0.02, -0.01])
+    _close(_col(df, C.LEARNING_RATE), [1e-6, 2e-6])
+    unmapped = df.attrs["unmapped_columns"]
+    assert "epoch" in unmapped and "eval_reward" in unmapped and "train_runtime" in unmapped
+
+
+def test_log_history_list_with_string_nan():
+    df = load_table(FIX / "log_history.json")
+    assert df.attrs["source_format"] == "log_history"
+    assert list(df[C.STEP]) == [1, 2, 3]
+    _close(_col(df, C.COMPLETION_LENGTH), [200.0, 168.5, 128.25])  # older TRL completion_length
+    _close(_col(df, C.REWARD_MEAN), [0.0, -0.05, 0.77])
+    _close(_col(df, C.GRAD_NORM), [0.0, 0.65, float("nan")])  # "NaN" string kept as NaN
+
+
+def test_trl_console_steps_from_progress_bar_and_string_values():
+    df = load_table(FIX / "trl_console.log")
+    assert df.attrs["source_format"] == "trl_console"
+    assert df.attrs["step_source"] == "progress_bar"
+    # dicts follow the bars "5/10 [" and "10/10 ["; eval and train_runtime dicts are dropped
+    assert list(df[C.STEP]) == [5, 10]
+    _close(_col(df, C.LOSS), [0.01234, -0.002])  # '0.01234' is a quoted string in recent TRL
+    _close(_col(df, C.GRAD_NORM), [0.25, float("nan")])  # bare nan
+    _close(_col(df, C.REWARD_MEAN), [0.3, 0.7])
+    _close(_col(df, C.KL), [1.5e-05, 3e-05])
+    _close(_col(df, C.COMPLETION_LENGTH), [88.5, 90.0])
+    _close(_col(df, C.ENTROPY), [1.25, 1.0])
+    assert set(df.attrs["unmapped_columns"]) == {"num_tokens", "rewards/acc/mean", "epoch"}
+
+
+def test_notebook_stream_log():
+    df = load_table(FIX / "notebook_stream.log")
+    assert df.attrs["source_format"] == "notebook_log"
+    assert list(df[C.STEP]) == [2, 4]  # bars "2/4 [" and "4/4 ["
+    _close(_col(df, C.REWARD_MEAN), [-1.5, -0.5])
+    _close(_col(df, C.GRAD_NORM), [0.5, 1.5])
+    _close(_col(df, C.COMPLETION_LENGTH), [150.0, 160.0])
+
+
+def test_ipynb_stream_outputs():
+    df = load_table(FIX / "notebook.ipynb")
+    assert df.attrs["source_format"] == "notebook_log"
+    assert list(df[C.STEP]) == [3, 6]  # bars "3/9 [" and "6/9 [" on stderr
+    _close(_col(df, C.REWARD_MEAN), [0.125, 0.375])
+    _close(_col(df, C.ENTROPY), [0.5, 0.45])
+
+
+def test_markdown_terminal_capture():
+    df = load_table(FIX / "terminal_capture.md")
+    assert df.attrs["source_format"] == "trl_console"
+    # "2/2 [" (checkpoint shards) comes before the training bar; the last bar before each dict wins
+    assert list(df[C.STEP]) == [10, 20]
+    _close(_col(df, C.GRAD_NORM), [47.75, 404.0])
+    _close(_col(df, C.FRAC_ZERO_STD_GROUPS), [0.4, 1.0])
+
+
+def test_printed_dicts_without_progress_bar_use_row_order(tmp_path):
+    path = tmp_path / "out.txt"
+    path.write_text(
+        "{'loss': 0.1, 'reward': 0.5, 'epoch': 0.1}\nsome text\n{'loss': 0.2, 'reward': 0.25}\n"
+    )
+    df = load_table(path)
+    assert df.attrs["step_source"] == "row_order"
+    assert list(df[C.STEP]) == [1, 2]
+    _close(_col(df, C.REWARD_MEAN), [0.5, 0.25])
+
+
+def test_wandb_history_prefers_global_step_and_drops_eval_rows():
+    df = load_table(FIX / "wandb_history.csv")
+    assert df.attrs["source_format"] == "wandb_csv"
+    # train/global_step (5, 10, 15) wins over W&B's own _step (0, 1, 3); the eval-only row is gone
+    assert list(df[C.STEP]) == [5, 10, 15]
+    _close(_col(df, C.REWARD_MEAN), [0.2, 0.4, 0.6])  # train/reward
+    _close(_col(df, C.GRAD_NORM), [0.35, 0.45, 0.55])  # train/grad_norm
+    _close(_col(df, C.COMPLETION_LENGTH), [100.0, 110.0, 120.0])  # train/completions/mean_length
+    _close(_col(df, C.TIME), [1700000100.5, 1700000110.5, 1700000120.5])  # _timestamp
+    assert "eval/reward" in df.attrs["unmapped_columns"]
+
+
+def test_wandb_panel_export():
+    df = load_table(FIX / "wandb_panel.csv")
+    assert df.attrs["source_format"] == "wandb_csv"
+    assert list(df[C.STEP]) == [1, 2, 3]
+    _close(_col(df, C.REWARD_MEAN), [0.1, 0.3, 0.2])  # "<run> - train/reward"; __MIN/__MAX dropped
+
+
+def _write_tb(logdir: Path, scalars: dict[str, list[tuple[int, float]]]) -> None:
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    writer = EventFileWriter(str(logdir))
+    for tag, points in scalars.items():
+        for step, value in points:
+            summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)])
+            writer.add_event(Event(step=step, wall_time=1000.0 + step, summary=summary))
+    writer.close()
+
+
+def test_tensorboard_event_folder(tmp_path):
+    run = tmp_path / "runs" / "Dec02_exp1"
+    run.mkdir(parents=True)
+    _write_tb(
+        run,
+        {
+            "train/reward": [(1, 0.25), (2, 0.5)],
+            "train/grad_norm": [(1, 0.125), (2, 4.0)],
+            "train/entropy": [(1, 1.5), (2, 1.75)],
+            "eval/reward": [(2, 0.1)],
+        },
+    )
+    root = tmp_path / "runs"
+    assert detect_format(root) == "tensorboard"
+    df = load_table(root)
+    assert list(df[C.STEP]) == [1, 2]
+    # values are float32 in the event file; these are exact in float32
+    _close(_col(df, C.REWARD_MEAN), [0.25, 0.5])
+    _close(_col(df, C.GRAD_NORM), [0.125, 4.0])
+    _close(_col(df, C.ENTROPY), [1.5, 1.75])
+    _close(_col(df, C.TIME), [1001.0, 1002.0])
+
+
+def test_verl_console_lines():
+    df = load_table(FIX / "verl_console.log")
+    assert df.attrs["source_format"] == "verl_console"
+    # step 0 has only validation metrics: not a training row
+    assert list(df[C.STEP]) == [1, 2, 3]
+    _close(_col(df, C.REWARD_MEAN), [0.2, 0.3, 0.5])  # critic/score/mean (not critic/rewards/mean)
+    _close(_col(df, C.GRAD_NORM), [0.31, 0.45, 2.5])  # np.float64(2.5) unwrapped
+    _close(_col(df, C.ENTROPY), [0.912, 0.85, 1.25])  # actor/entropy, then actor/entropy_loss
+    _close(_col(df, C.KL), [0.0001, 0.002, float("nan")])  # ppo_kl, kl_loss preferred at step 2
+    _close(_col(df, C.LOSS), [-0.015, 0.004, 0.01])  # actor/pg_loss
+    _close(_col(df, C.COMPLETION_LENGTH), [230.5, 240.0, 250.0])  # response_length/mean
+    _close(_col(df, C.NUM_SEARCHES), [1.5, float("nan"), float("nan")])
+    _close(_col(df, C.FRAC_CORRECT_DISPLACED), [float("nan"), 0.4, float("nan")])  # lld/...
+    _close(_col(df, C.LOGP_CORRECT), [float("nan"), float("nan"), -0.75])  # train/lld/...
+
+
+def test_verl_file_logger_jsonl():
+    df = load_table(FIX / "verl_metrics.jsonl")
+    assert df.attrs["source_format"] == "verl_jsonl"
+    # the validation record at step 2 merges into the training row of step 2
+    assert list(df[C.STEP]) == [1, 2]
+    _close(_col(df, C.REWARD_MEAN), [0.25, 0.5])
+    _close(_col(df, C.KL), [0.001, 0.002])  # actor/kl_loss
+    _close(_col(df, C.LOGP_CORRECT), [-0.5, -0.75])
+    _close(_col(df, C.FRAC_CORRECT_DISPLACED), [0.25, 0.75])
+    assert "timing_s/gen" in df.attrs["unmapped_columns"]
+
+
+def test_lld_run_folder(tmp_path):
+    runlog = pytest.importorskip("lld_monitor.runlog")
+    with runlog.RunWriter(tmp_path / "run") as w:
+        w.log_step({C.STEP: 1, C.REWARD_MEAN: 0.25, C.LOGP_CORRECT: -0.5})
+        w.log_step({C.STEP: 2, C.REWARD_MEAN: 0.5, C.LOGP_CORRECT: -0.625})
+    assert detect_format(tmp_path / "run") == "lld_run"
+    df = load_table(tmp_path / "run")
+    assert list(df[C.STEP]) == [1, 2]
+    _close(_col(df, C.REWARD_MEAN), [0.25, 0.5])
+    _close(_col(df, C.LOGP_CORRECT), [-0.5, -0.625])
+
+
+# --- the mapping table --------------------------------------------------------------------------
+
+
+def test_mapping_names():
+    assert canonical_name("critic/score/mean") == C.REWARD_MEAN
+    assert canonical_name("actor/grad_norm") == C.GRAD_NORM
+    assert canonical_name("actor/entropy_loss") == C.ENTROPY
+    assert canonical_name("actor/ppo_kl") == C.KL
+    assert canonical_name("response_length/mean") == C.COMPLETION_LENGTH
+    assert canonical_name("completions/mean_length") == C.COMPLETION_LENGTH
+    assert canonical_name("train/reward") == C.REWARD_MEAN
+    assert canonical_name("eval/reward") is None
+    assert canonical_name("epoch") is None
+    for col in C.STEP_COLUMNS:
+        assert canonical_name(col) == col
+        assert canonical_name(f"lld/{col}") == col
+        assert canonical_name(f"train/lld/{col}") == col
+    assert set(FOREIGN_NAMES) <= set(C.STEP_COLUMNS)
+
+
+def test_parse_verl_console_old_and_new_number_styles():
+    rows = parse_verl_console(
+        "step:7 - actor/grad_norm:0.310 - critic/score/mean:np.float64(0.25) - x/y:nan\n"
+        "noise step:8 - not a metric line\n"
+    )
+    assert rows == [
+        {C.STEP: 7, "actor/grad_norm": "0.310", "critic/score/mean": "0.25", "x/y": "nan"}
+    ]
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("unknown.txt", None),
+        ("empty.txt", ""),
+        ("binary.dat", b"\x00\x01\x02\xff" * 64),
+        ("other.json", '{"name": "not a run", "values": [1, 2]}'),
+        ("other.csv", "a,b\n1,2\n"),
+        ("eval_only.json", '[{"eval_loss": 0.5, "step": 1}]'),
+    ],
+)
+def test_unknown_files_raise_one_line_import_error(tmp_path, name, content):
+    if content is None:
+        path = FIX / name
+    else:
+        path = tmp_path / name
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    with pytest.raises(ImportFormatError) as info:
+        load_table(path)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert "expected" in msg or "found no training rows" in msg
+    assert isinstance(info.value, ValueError)
+
+
+def test_missing_path_and_empty_folder(tmp_path):
+    with pytest.raises(ImportFormatError, match="no such file"):
+        load_table(tmp_path / "nope.csv")
+    with pytest.raises(ImportFormatError, match="folder holds no run log"):
+        load_table(tmp_path)
+
+
+def test_every_fixture_has_a_known_format():
+    for path in sorted(FIX.iterdir()):
+        if path.name == "unknown.txt":
+            continue
+        assert detect_format(path) in FORMATS, path
+
+
+def test_no_torch_import():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from lld_monitor.importers import load_table; "
+        f"load_table({str(FIX / 'trainer_state.json')!r}); "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# --- real logs published by others -------------------------------------------------------------
+
+
+def _real_run_files() -> list[Path]:
+    for folder in REAL_RUN_DIRS:
+        if folder.is_dir():
+            return sorted(p for p in folder.iterdir() if p.is_file() and p.name != "README.md")
+    return []
+
+
+@pytest.mark.skipif(not _real_run_files(), reason="shared/real_runs not present")
+@pytest.mark.parametrize("path", _real_run_files(), ids=lambda p: p.name[:50])
+def test_real_runs_import(path):
+    df = load_table(path)
+    assert len(df) > 0
+    assert C.REWARD_MEAN in df.columns and df[C.REWARD_MEAN].notna().all()
+    assert df[C.STEP].is_monotonic_increasing and df[C.STEP].is_unique
+    assert json.dumps(df.attrs["unmapped_columns"])  # plain JSON-able metadata
