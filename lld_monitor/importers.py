@@ -61,8 +61,7 @@ FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
     C.STEP: ("global_step", "train/global_step", "trainer/global_step", "_step", "Step"),
     C.TIME: ("_timestamp", "timestamp", "wall_time"),
     # TRL: reward; verl: critic/score/mean (the task score, before any in-reward KL penalty)
-    C.REWARD_MEAN: ("reward", "rewards/mean", "critic/score/mean", "critic/rewards/mean"),
-    C.REWARD_STD: ("rewards/std",),
+    C.REWARD_MEAN: ("reward", "critic/score/mean", "critic/rewards/mean"),
     # TRL's stock accuracy_reward returns 1/0 per completion: its mean is the accuracy
     C.ACCURACY: ("rewards/accuracy_reward/mean", "rewards/accuracy_reward"),
     C.LOSS: ("actor/pg_loss",),
@@ -77,6 +76,13 @@ FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
 }
 
 _NON_TRAINING = frozenset({C.STEP, C.TIME, C.LEARNING_RATE})
+
+#: Per-reward-function means: ours (``reward_fn/<name>``, also under ``lld/``) and TRL's
+#: ``rewards/<name>/mean`` (``rewards/<name>`` before TRL 0.15) -> ``C.REWARD_FN_PREFIX + name``.
+_REWARD_FN_RE = re.compile(
+    r"^(?:train/)?(?:(?:lld/)?" + re.escape(C.REWARD_FN_PREFIX) + r"(?P<ours>.+)"
+    r"|rewards/(?P<trl>(?!.*/std$).+?)(?:/mean)?)$"
+)
 
 
 def _build_lookup() -> dict[str, tuple[str, int]]:
@@ -103,7 +109,17 @@ _LOOKUP = _build_lookup()
 def canonical_name(source: str) -> str | None:
     """The canonical column a foreign metric name maps to, or None when it maps to none."""
     hit = _LOOKUP.get(str(source).strip())
-    return None if hit is None else hit[0]
+    if hit is not None:
+        return hit[0]
+    return _reward_fn_name(str(source).strip())
+
+
+def _reward_fn_name(source: str) -> str | None:
+    """``reward_fn/<name>`` for a per-reward-function mean column, else None."""
+    m = _REWARD_FN_RE.match(source)
+    if m is None:
+        return None
+    return C.REWARD_FN_PREFIX + (m.group("ours") or m.group("trl"))
 
 
 # --- public API ---------------------------------------------------------------------------------
@@ -154,12 +170,16 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     unmapped: list[str] = []
     for source in frame.columns:
         hit = _LOOKUP.get(str(source).strip())
-        if hit is None:
-            unmapped.append(str(source))
-        else:
+        fn_col = _reward_fn_name(str(source).strip())
+        if hit is not None:
             by_col.setdefault(hit[0], []).append((hit[1], source))
+        if fn_col is not None:
+            by_col.setdefault(fn_col, []).append((0 if fn_col == source else 1, source))
+        if hit is None and fn_col is None:
+            unmapped.append(str(source))
+    fn_cols = sorted(c for c in by_col if c.startswith(C.REWARD_FN_PREFIX))
     out = pd.DataFrame(index=frame.index)
-    for col in C.STEP_COLUMNS:
+    for col in (*C.STEP_COLUMNS, *fn_cols):
         sources = [s for _, s in sorted(by_col.get(col, []), key=lambda t: t[0])]
         if not sources:
             continue
@@ -178,7 +198,7 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     out = out.groupby(C.STEP, sort=True, as_index=False).last()
     out[C.STEP] = out[C.STEP].astype("int64")
     out = out.reset_index(drop=True)
-    out = out[[c for c in C.STEP_COLUMNS if c in out.columns]]
+    out = out[[c for c in (*C.STEP_COLUMNS, *fn_cols) if c in out.columns]]
     return out, unmapped
 
 

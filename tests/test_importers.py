@@ -103,8 +103,12 @@ def test_trl_trainer_state_keeps_training_rows_and_maps_names():
     _close(_col(df, C.KL), [0.001, 0.004])
     _close(_col(df, C.LOSS), [0.02, -0.01])
     _close(_col(df, C.LEARNING_RATE), [1e-6, 2e-6])
+    # per-reward-function means: rewards/<fn>/mean -> reward_fn/<fn> (accuracy_reward also above)
+    _close(_col(df, C.REWARD_FN_PREFIX + "accuracy_reward"), [0.35, 0.55])
+    _close(_col(df, C.REWARD_FN_PREFIX + "format_reward"), [0.05, 0.05])
     unmapped = df.attrs["unmapped_columns"]
     assert "epoch" in unmapped and "eval_reward" in unmapped and "train_runtime" in unmapped
+    assert not any(name.startswith("rewards/") for name in unmapped)
 
 
 def test_log_history_list_with_string_nan():
@@ -114,6 +118,8 @@ def test_log_history_list_with_string_nan():
     _close(_col(df, C.COMPLETION_LENGTH), [200.0, 168.5, 128.25])  # older TRL completion_length
     _close(_col(df, C.REWARD_MEAN), [0.0, -0.05, 0.77])
     _close(_col(df, C.GRAD_NORM), [0.0, 0.65, float("nan")])  # "NaN" string kept as NaN
+    # TRL < 0.15 logged rewards/<fn> without /mean
+    _close(_col(df, C.REWARD_FN_PREFIX + "xmlcount_reward_func"), [0.0, -0.05, 0.1])
 
 
 def test_trl_console_steps_from_progress_bar_and_string_values():
@@ -128,7 +134,8 @@ def test_trl_console_steps_from_progress_bar_and_string_values():
     _close(_col(df, C.KL), [1.5e-05, 3e-05])
     _close(_col(df, C.COMPLETION_LENGTH), [88.5, 90.0])
     _close(_col(df, C.ENTROPY), [1.25, 1.0])
-    assert set(df.attrs["unmapped_columns"]) == {"num_tokens", "rewards/acc/mean", "epoch"}
+    assert set(df.attrs["unmapped_columns"]) == {"num_tokens", "epoch"}
+    _close(_col(df, C.REWARD_FN_PREFIX + "acc"), [0.3, float("nan")])
 
 
 def test_notebook_stream_log():
@@ -281,6 +288,11 @@ def test_mapping_names():
         assert canonical_name(f"lld/{col}") == col
         assert canonical_name(f"train/lld/{col}") == col
     assert set(FOREIGN_NAMES) <= set(C.STEP_COLUMNS)
+    assert canonical_name("rewards/format_reward/mean") == C.REWARD_FN_PREFIX + "format_reward"
+    assert canonical_name("train/rewards/f/mean") == C.REWARD_FN_PREFIX + "f"
+    assert canonical_name("rewards/format_reward/std") is None
+    assert canonical_name(C.REWARD_FN_PREFIX + "f") == C.REWARD_FN_PREFIX + "f"
+    assert canonical_name("lld/" + C.REWARD_FN_PREFIX + "f") == C.REWARD_FN_PREFIX + "f"
 
 
 def test_parse_verl_console_old_and_new_number_styles():
