@@ -1,0 +1,208 @@
+"""Adapter for any transformers ``Trainer``: loss, pre-clip grad norm, learning rate, metrics.
+
+The only module that wraps ``Trainer`` methods: ``training_step`` (the step's loss) and
+``_get_grad_norm`` (the pre-clip global norm the Trainer computes when it clips). LLD columns are
+absent for a plain Trainer (no rollouts); the run's meta says so.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback
+
+from lld_monitor import columns as C
+
+#: Trainer methods this adapter wraps, with the leading parameters it relies on.
+WRAPPED_TRAINER_METHODS: dict[str, tuple[str, ...]] = {
+    "training_step": ("self", "model", "inputs", "num_items_in_batch"),
+    "_get_grad_norm": ("self", "model", "grad_norm"),
+}
+
+# Keys of the Trainer's own logs that the row already has from the hooks, or that are not numbers.
+_LOG_MAPPED = {"loss": C.LOSS, "grad_norm": C.GRAD_NORM, "learning_rate": C.LEARNING_RATE}
+
+
+def check_trainer_internals(cls: type = Trainer) -> list[str]:
+    """Problems with the Trainer methods we wrap (empty when the installed version fits)."""
+    problems = []
+    for name, params in WRAPPED_TRAINER_METHODS.items():
+        fn = getattr(cls, name, None)
+        if fn is None:
+            problems.append(f"{cls.__name__}.{name} is missing")
+            continue
+        got = tuple(inspect.signature(fn).parameters)[: len(params)]
+        if got != params:
+            problems.append(f"{cls.__name__}.{name} parameters are {got}, expected {params}")
+    return problems
+
+
+class _Callback(TrainerCallback):
+    """Forwards Trainer events to the adapter; writes only ``control``."""
+
+    def __init__(self, adapter: TrainerAdapter) -> None:
+        self.adapter = adapter
+
+    @property
+    def active(self) -> bool:
+        return not self.adapter.monitor.closed
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self.active:
+            return
+        with self.adapter.monitor.guard("on_optimizer_step"):
+            self.adapter.on_optimizer_step()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if not self.active:
+            return control
+        with self.adapter.monitor.guard("on_step_end"):
+            self.adapter.on_step_end(state, control)
+        return self.adapter.apply_control(control)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> Any:
+        if not self.active:
+            return control
+        with self.adapter.monitor.guard("on_log"):
+            self.adapter.on_log(state, control, logs or {})
+        return self.adapter.apply_control(control)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self.active:
+            return
+        with self.adapter.monitor.guard("on_train_end"):
+            self.adapter.on_train_end(state)
+
+
+class TrainerAdapter:
+    """Hooks a ``transformers.Trainer`` into an ``LLDMonitor``: one row per optimizer step.
+
+    The row of a logging step waits for the Trainer's ``on_log`` so that everything the Trainer
+    logs (eval metrics excepted) joins it; other rows are written at ``on_step_end``.
+    """
+
+    trainer_name = "transformers.Trainer"
+    lld_columns = False
+    defer_to_log = True
+
+    def __init__(self, monitor: Any, trainer: Trainer) -> None:
+        self.monitor = monitor
+        self.trainer = trainer
+        self.callback = _Callback(self)
+        self._originals: dict[str, Callable[..., Any]] = {}
+        self._loss: torch.Tensor | None = None
+        self._lr: float | None = None
+        self._pending: int | None = None  # step whose row waits for on_log
+        self._installed = False
+
+    # -- install ------------------------------------------------------------------------------
+
+    def meta(self) -> dict[str, Any]:
+        args = self.trainer.args
+        return {
+            "trainer_config": {
+                "per_device_train_batch_size": args.per_device_train_batch_size,
+                "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                "learning_rate": args.learning_rate,
+                "max_grad_norm": args.max_grad_norm,
+                "world_size": args.world_size,
+            }
+        }
+
+    def install(self) -> None:
+        problems = check_trainer_internals(type(self.trainer))
+        if problems:
+            raise RuntimeError(
+                "lld_monitor cannot hook this transformers Trainer: "
+                + "; ".join(problems)
+                + ". Install a transformers version lld_monitor supports (see docs/monitor.md)."
+            )
+        self.monitor.start(trainer=self.trainer_name, lld_columns=self.lld_columns, **self.meta())
+        self._wrap("training_step", self._training_step)
+        self._wrap("_get_grad_norm", self._get_grad_norm)
+        self.trainer.add_callback(self.callback)
+        self._installed = True
+
+    def _wrap(self, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        original = getattr(self.trainer, name)
+        self._originals[name] = original
+        setattr(self.trainer, name, make(original))
+
+    def uninstall(self) -> None:
+        """Restore the wrapped methods and drop the callback."""
+        for name in self._originals:
+            self.trainer.__dict__.pop(name, None)
+        self._originals.clear()
+        self._installed = False  # the callback stays registered but goes inert
+
+    # -- wrappers -----------------------------------------------------------------------------
+
+    def _training_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def training_step(model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+            out = original(model, inputs, num_items_in_batch)
+            with self.monitor.guard("training_step"):
+                if isinstance(out, torch.Tensor) and self.trainer.model.training:
+                    loss = out.detach().float()
+                    self._loss = loss if self._loss is None else self._loss + loss
+            return out
+
+        return training_step
+
+    def _get_grad_norm(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def _get_grad_norm(model: Any, grad_norm: Any = None) -> Any:
+            out = original(model, grad_norm=grad_norm)
+            with self.monitor.guard("grad norm"):
+                self.monitor.observe_update(grad_norm=out, loss=self._loss)
+                self._loss = None
+            return out
+
+        return _get_grad_norm
+
+    # -- events -------------------------------------------------------------------------------
+
+    def on_optimizer_step(self) -> None:
+        opt = self.trainer.optimizer
+        self._lr = float(opt.param_groups[0]["lr"])
+
+    def extra_columns(self) -> dict[str, Any]:
+        return {} if self._lr is None else {C.LEARNING_RATE: self._lr}
+
+    def on_step_end(self, state: Any, control: Any) -> None:
+        if self.defer_to_log and control.should_log:
+            self._pending = state.global_step
+            return
+        self.finish_step(state.global_step, {})
+
+    def on_log(self, state: Any, control: Any, logs: Mapping[str, Any]) -> None:
+        if self._pending is None or self._pending != state.global_step:
+            return
+        extra = {}
+        for key, value in logs.items():
+            if key in _LOG_MAPPED or key.startswith("eval_") or isinstance(value, bool):
+                continue
+            if isinstance(value, int | float) and math.isfinite(float(value)):
+                extra[key] = float(value)
+        self._pending = None
+        self.finish_step(state.global_step, extra)
+
+    def finish_step(self, step: int, extra: Mapping[str, Any]) -> dict[str, Any]:
+        return self.monitor.end_step(step=step, **{**extra, **self.extra_columns()})
+
+    def on_train_end(self, state: Any) -> None:
+        if self._pending is not None:
+            step, self._pending = self._pending, None
+            self.finish_step(step, {})
+        self.monitor.close()
+
+    def apply_control(self, control: Any) -> Any:
+        """Copy the monitor's stop/checkpoint decisions into the Trainer's ``control``."""
+        if self.monitor.should_stop:
+            control.should_training_stop = True
+        if self.monitor.should_save:
+            control.should_save = True
+            self.monitor.should_save = False
+        return control

@@ -1,0 +1,411 @@
+"""Adapter for TRL's ``GRPOTrainer``: the ONLY module that touches GRPOTrainer's private internals.
+
+What it wraps (instance attributes, restored by ``uninstall``), checked against the tested TRL
+range at attach and by tests/test_trl_integration.py::test_trl_internals_unchanged:
+
+- ``_calculate_rewards``: the raw rewards per reward function (they never reach the loss).
+- ``_generate_and_score_completions``: tags each generation batch with its rewards and an id.
+- ``_compute_loss`` + ``_get_per_token_logps_and_entropies`` (during ``_compute_loss`` only): the
+  per-token log-probs with grad and the entropies TRL computes anyway; adds ``lam * L_LLDS``.
+- ``training_step`` / ``_get_grad_norm`` (transformers Trainer, via TrainerAdapter): loss and
+  pre-clip grad norm of each optimizer update.
+
+After the last optimizer update on a generation batch, one no-grad forward over a
+``probe_fraction`` sample of its completions gives the displacement columns and token samples.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import logging
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from packaging.version import Version
+from trl import GRPOTrainer
+
+from lld_monitor import columns as C
+from lld_monitor.integrations.transformers import TrainerAdapter, check_trainer_internals
+
+logger = logging.getLogger("lld_monitor")
+
+#: TRL versions this adapter was tested with (GRPOTrainer internals move between minors).
+TRL_MIN, TRL_MAX = Version("1.16"), Version("1.17")
+TRL_TESTED_RANGE = f">={TRL_MIN},<{TRL_MAX}"
+
+#: GRPOTrainer methods we wrap, with the leading parameters we rely on.
+WRAPPED_GRPO_METHODS: dict[str, tuple[str, ...]] = {
+    "_calculate_rewards": ("self", "inputs", "prompts", "completions", "completion_ids_list"),
+    "_generate_and_score_completions": ("self", "inputs"),
+    "_compute_loss": ("self", "model", "inputs"),
+    "_get_per_token_logps_and_entropies": (
+        "self",
+        "model",
+        "input_ids",
+        "attention_mask",
+        "logits_to_keep",
+        "batch_size",
+        "compute_entropy",
+    ),
+}
+#: GRPOTrainer attributes we read.
+GRPO_ATTRIBUTES: tuple[str, ...] = (
+    "_step",
+    "_metrics",
+    "num_iterations",
+    "num_generations",
+    "reward_func_names",
+    "reward_weights",
+    "loss_type",
+    "beta",
+    "accelerator",
+    "processing_class",
+)
+#: Keys the adapter adds to TRL's per-batch input dicts (carried through shuffle and split).
+KEY_REWARDS, KEY_REWARDS_PER_FUNC, KEY_GENERATION = (
+    "lld_rewards",
+    "lld_rewards_per_func",
+    "lld_generation",
+)
+#: Inputs with these keys are multimodal: the probe skips them (text-only forward).
+_MULTIMODAL_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_attention_mask",
+    "image_sizes",
+    "num_images",
+)
+#: Row columns mirrored into TRL's own logs as ``lld/<column>`` (so report_to carries them).
+TRAINER_LOG_COLUMNS: tuple[str, ...] = (
+    C.ACCURACY,
+    C.GRAD_NORM_MAX,
+    *C.CONFIDENCE_COLUMNS,
+    *C.DISPLACEMENT_COLUMNS,
+    *C.LLDS_COLUMNS,
+)
+TRAINER_LOG_PREFIX = "lld/"
+
+
+def check_trl_version(version: str | None = None) -> Version:
+    """The installed (or given) TRL version; ValueError outside the tested range."""
+    v = Version(version if version is not None else importlib.metadata.version("trl"))
+    if not TRL_MIN <= v < TRL_MAX:
+        raise ValueError(
+            f"lld_monitor's GRPOTrainer adapter is tested with trl{TRL_TESTED_RANGE} and touches "
+            f"GRPOTrainer internals that change between releases; found trl {v}. Install a "
+            f"tested version (pip install 'trl{TRL_TESTED_RANGE}'), or drive the monitor from "
+            "your own loop with observe_rollout/observe_update/end_step (docs/monitor.md)."
+        )
+    return v
+
+
+def check_grpo_internals(cls: type = GRPOTrainer) -> list[str]:
+    """Problems with the GRPOTrainer methods we wrap (empty when TRL still fits)."""
+    problems = check_trainer_internals(cls)
+    for name, params in WRAPPED_GRPO_METHODS.items():
+        fn = getattr(cls, name, None)
+        if fn is None:
+            problems.append(f"{cls.__name__}.{name} is missing")
+            continue
+        got = tuple(inspect.signature(fn).parameters)[: len(params)]
+        if got != params:
+            problems.append(f"{cls.__name__}.{name} parameters are {got}, expected {params}")
+    return problems
+
+
+def llds_reuse_problem(
+    num_iterations: int, steps_per_generation: int, gradient_accumulation_steps: int
+) -> str | None:
+    """Why LLDS is identically zero in this GRPO configuration, or None when it can act.
+
+    LLDS acts only on updates that see a batch after an earlier update moved the policy, i.e.
+    when one generation batch spans several optimizer updates.
+    """
+    generate_every = steps_per_generation * num_iterations
+    if gradient_accumulation_steps % generate_every != 0:
+        return None
+    return (
+        f"LLDS is identically zero with num_iterations={num_iterations}, "
+        f"steps_per_generation={steps_per_generation}, gradient_accumulation_steps="
+        f"{gradient_accumulation_steps}: each generation batch gets a single optimizer update, "
+        "so pi_theta == pi_old whenever the loss is computed. For LLDS to act, reuse the batch "
+        "across updates: steps_per_generation > gradient_accumulation_steps (mini-batches, as in "
+        "the paper) or num_iterations > 1 with gradient_accumulation_steps not a multiple of "
+        "steps_per_generation * num_iterations."
+    )
+
+
+class GRPOAdapter(TrainerAdapter):
+    """Full LLD monitoring of a TRL ``GRPOTrainer``; one row per optimizer step at on_step_end."""
+
+    trainer_name = "trl.GRPOTrainer"
+    lld_columns = True
+    defer_to_log = False
+
+    def __init__(self, monitor: Any, trainer: GRPOTrainer) -> None:
+        super().__init__(monitor, trainer)
+        self._rpf: torch.Tensor | None = None  # [N_all, F] rewards of the last generation
+        self._gens: dict[int, dict[str, Any]] = {}  # generation id -> start step, micro-batches
+        self._n_gen = 0
+        self._capture: list[Any] | None = None
+        self._rng = torch.Generator().manual_seed(0)  # probe sampling; never the global RNG
+        self._warned: set[str] = set()
+        self.probe_records: list[Any] = []  # the ProbeRecords of the last step (tests, drill-down)
+
+    def meta(self) -> dict[str, Any]:
+        args, tr = self.trainer.args, self.trainer
+        meta = super().meta()
+        meta["trainer_config"].update(
+            {
+                "trl_version": importlib.metadata.version("trl"),
+                "num_generations": tr.num_generations,
+                "num_iterations": tr.num_iterations,
+                "steps_per_generation": args.steps_per_generation,
+                "loss_type": tr.loss_type,
+                "beta": tr.beta,
+                "reward_funcs": list(tr.reward_func_names),
+            }
+        )
+        return meta
+
+    def install(self) -> None:
+        check_trl_version()
+        problems = check_grpo_internals(type(self.trainer))
+        problems += [
+            f"GRPOTrainer.{a} is missing" for a in GRPO_ATTRIBUTES if not hasattr(self.trainer, a)
+        ]
+        if problems:
+            raise RuntimeError(
+                "lld_monitor cannot hook this GRPOTrainer (TRL internals changed): "
+                + "; ".join(problems)
+                + f". Install trl{TRL_TESTED_RANGE}."
+            )
+        args = self.trainer.args
+        self.monitor.reuse_warning = llds_reuse_problem(
+            self.trainer.num_iterations, args.steps_per_generation, args.gradient_accumulation_steps
+        )
+        if self.monitor.reuse_warning and self.monitor.llds.enabled:
+            warnings.warn(self.monitor.reuse_warning, UserWarning, stacklevel=3)
+        self.monitor.start(trainer=self.trainer_name, lld_columns=True, **self.meta())
+        self._wrap("training_step", self._training_step)
+        self._wrap("_get_grad_norm", self._get_grad_norm)
+        self._wrap("_calculate_rewards", self._calculate_rewards)
+        self._wrap("_generate_and_score_completions", self._generate_and_score)
+        self._wrap("_get_per_token_logps_and_entropies", self._get_logps)
+        self._wrap("_compute_loss", self._compute_loss)
+        self.trainer.add_callback(self.callback)
+        self._installed = True
+
+    # -- wrappers -----------------------------------------------------------------------------
+
+    def _calculate_rewards(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def _calculate_rewards(
+            inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any
+        ) -> Any:
+            out = original(inputs, prompts, completions, completion_ids_list)
+            self._rpf = out
+            return out
+
+        return _calculate_rewards
+
+    def _generate_and_score(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def _generate_and_score_completions(inputs: Any) -> Any:
+            self._rpf = None
+            out = original(inputs)
+            if self.trainer.model.training and not self.monitor.closed:
+                with self.monitor.guard("generation"):
+                    self._tag_generation(out, len(inputs))
+            return out
+
+        return _generate_and_score_completions
+
+    def _tag_generation(self, out: dict[str, Any], n_local: int) -> None:
+        """Add local raw rewards [B], [B, F] and a generation id to TRL's batch dict."""
+        tr = self.trainer
+        rpf = self._rpf
+        if rpf is not None:
+            weights = tr.reward_weights.to(rpf.device)  # [F]
+            total_all = (rpf * weights).nansum(1)  # [N_all]
+            total_all = torch.where(torch.isnan(rpf).all(1), torch.nan, total_all)
+            start = tr.accelerator.process_index * n_local
+            out[KEY_REWARDS] = total_all[start : start + n_local]
+            out[KEY_REWARDS_PER_FUNC] = rpf[start : start + n_local]
+            g = tr.num_generations
+            if total_all.numel() % g == 0 and g > 1 and tr.accelerator.is_main_process:
+                groups = total_all.view(-1, g)  # [N_all / G, G]
+                zero = (groups.nan_to_num().std(1) < 1e-8).float()
+                self.monitor.observe_groups(zero.sum(), zero.numel())
+        gid = self._n_gen
+        self._n_gen += 1
+        out[KEY_GENERATION] = torch.tensor(gid)  # 0-dim CPU: survives shuffle/split, no sync
+        self._gens[gid] = {"start": tr._step, "micro": {}}
+
+    def _get_logps(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def _get_per_token_logps_and_entropies(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            if self._capture is not None:
+                self._capture.append(out)
+            return out
+
+        return _get_per_token_logps_and_entropies
+
+    def _compute_loss(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def _compute_loss(model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+            if not self.trainer.model.training or self.monitor.closed:
+                return original(model, inputs)
+            self._capture = []
+            try:
+                loss = original(model, inputs)
+            finally:
+                captured, self._capture = self._capture, None
+            with self.monitor.guard("GRPO loss hook"):
+                loss = self._after_loss(inputs, captured, loss)
+            return loss
+
+        return _compute_loss
+
+    def _after_loss(
+        self, inputs: dict[str, Any], captured: list[Any], loss: torch.Tensor
+    ) -> torch.Tensor:
+        """Observe one micro-batch from TRL's own tensors; add ``lam * L_LLDS / GA`` if enabled."""
+        if not captured:
+            raise RuntimeError(
+                "GRPOTrainer._compute_loss no longer calls _get_per_token_logps_and_entropies; "
+                f"TRL internals changed (tested: trl{TRL_TESTED_RANGE})"
+            )
+        logps, entropies = captured[0][0], captured[0][1]  # [B, T] with grad, [B, T]
+        mask = inputs["completion_mask"]  # [B, T]
+        if inputs.get("tool_mask") is not None:
+            mask = mask * inputs["tool_mask"]  # tool feedback out
+        old = inputs.get("old_per_token_logps")
+        # TRL skips old logps exactly when no update happened since generation: current == old.
+        old = logps.detach() if old is None else old  # [B, T]
+        adv = inputs["advantages"]  # [B] or [B, T]
+        kl = None
+        if inputs.get("ref_per_token_logps") is not None:
+            d = inputs["ref_per_token_logps"] - logps.detach()
+            kl = torch.exp(d) - d - 1  # [B, T], TRL's k3 estimator
+        self.monitor.observe_rollout(
+            old,
+            mask,
+            rewards=inputs.get(KEY_REWARDS),
+            advantages=adv,
+            token_ids=inputs["completion_ids"],
+            entropy=entropies,
+            kl=kl,
+        )
+        rpf = inputs.get(KEY_REWARDS_PER_FUNC)
+        if rpf is not None:
+            for i, name in enumerate(self.trainer.reward_func_names):
+                self.monitor.observe_reward_fn(name, rpf[:, i])
+        gen_tag = inputs.get(KEY_GENERATION)
+        gen = self._gens.get(int(gen_tag)) if gen_tag is not None else None
+        if gen is not None:
+            gen["micro"].setdefault(id(inputs), (inputs, old.detach()))
+        if self.monitor.llds.enabled:
+            term, _ = self.monitor.llds_term(logps, old, adv, mask)
+            ga = getattr(self.trainer, "current_gradient_accumulation_steps", None)
+            ga = ga or self.trainer.args.gradient_accumulation_steps
+            loss = loss + term / ga
+        return loss
+
+    # -- probe and row ------------------------------------------------------------------------
+
+    def on_step_end(self, state: Any, control: Any) -> None:
+        self.probe_records = []
+        with self.monitor.guard("post-update probe"):
+            self._probe_finished(final=state.max_steps > 0 and state.global_step >= state.max_steps)
+        self.finish_step(state.global_step, {})
+
+    def _probe_finished(self, final: bool) -> None:
+        """Probe every generation batch that will get no further update (all of them if final)."""
+        tr = self.trainer
+        every = tr.args.steps_per_generation * tr.num_iterations
+        done = [gid for gid, g in self._gens.items() if final or tr._step >= g["start"] + every]
+        for gid in sorted(done):
+            gen = self._gens.pop(gid)
+            if self.monitor.probe_fraction > 0 and gen["micro"]:
+                self._probe(list(gen["micro"].values()))
+
+    def _probe(self, micro: list[tuple[dict[str, Any], torch.Tensor]]) -> None:
+        """One no-grad forward of a probe sample of a generation batch under the updated policy."""
+        first = micro[0][0]
+        if any(first.get(k) is not None for k in _MULTIMODAL_KEYS):
+            if "multimodal" not in self._warned:
+                self._warned.add("multimodal")
+                logger.warning("lld_monitor: multimodal GRPO batches are not probed (text only)")
+            return
+        widths = {m[0]["completion_ids"].shape[1] for m in micro} | {
+            m[0]["prompt_ids"].shape[1] for m in micro
+        }
+        if (
+            len({m[0]["completion_ids"].shape[1] for m in micro}) != 1
+            or len({m[0]["prompt_ids"].shape[1] for m in micro}) != 1
+        ):
+            raise ValueError(
+                f"micro-batches of one generation batch differ in width: {sorted(widths)}"
+            )
+
+        def cat(key: str) -> torch.Tensor | None:
+            parts = [m[0].get(key) for m in micro]
+            return None if any(p is None for p in parts) else torch.cat(parts, 0)
+
+        completion_ids = cat("completion_ids")  # [B, T]
+        completion_mask = cat("completion_mask")  # [B, T]
+        tool_mask = cat("tool_mask")  # [B, T] or None
+        mask = completion_mask if tool_mask is None else completion_mask * tool_mask
+        old = torch.cat([m[1] for m in micro], 0)  # [B, T]
+        batch = completion_ids.shape[0]
+        n = max(1, math.ceil(self.monitor.probe_fraction * batch))
+        rows = (
+            torch.randperm(batch, generator=self._rng)[:n].sort().values.to(completion_ids.device)
+        )
+        input_ids = torch.cat([cat("prompt_ids"), completion_ids], 1)[rows]  # [n, P+T]
+        attention = torch.cat([cat("prompt_mask"), completion_mask], 1)[rows]  # [n, P+T]
+        original = self._originals["_get_per_token_logps_and_entropies"]
+        tr = self.trainer
+        with torch.no_grad():
+            logp_new, _, _ = original(
+                tr.model,
+                input_ids,
+                attention,
+                completion_ids.shape[1],
+                batch_size=tr.args.per_device_train_batch_size,
+            )  # [n, T]
+        rewards = cat(KEY_REWARDS)
+        rewards = rewards[rows] if rewards is not None else None
+        adv = cat("advantages")[rows]
+        correct = self.monitor.correct_mask(rewards, adv, n, completion_ids.device)
+        tok = getattr(tr.processing_class, "tokenizer", tr.processing_class)
+        generated = (tool_mask if tool_mask is not None else completion_mask)[rows]
+        rec = self.monitor.measure_displacement(
+            old[rows],
+            logp_new,
+            mask[rows],
+            correct,
+            token_ids=completion_ids[rows],
+            rewards=rewards,
+            advantages=adv,
+            rows=rows,
+            tokenizer=tok,
+            generated=generated,
+        )
+        self.probe_records.append(rec)
+
+    def finish_step(self, step: int, extra: Any) -> dict[str, Any]:
+        row = super().finish_step(step, extra)
+        with self.monitor.guard("TRL metrics"):
+            metrics = self.trainer._metrics["train"]
+            for col in TRAINER_LOG_COLUMNS:
+                value = row.get(col)
+                if isinstance(value, int | float) and math.isfinite(value):
+                    metrics[TRAINER_LOG_PREFIX + col].append(float(value))
+        return row
+
+    def on_train_end(self, state: Any) -> None:
+        self._gens.clear()
+        super().on_train_end(state)

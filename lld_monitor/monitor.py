@@ -1,0 +1,963 @@
+"""LLDMonitor: the trainer-agnostic core that turns observed tensors into one run-log row per step.
+
+Adapters (integrations/trl.py, integrations/transformers.py) and hand-written loops call the same
+plain methods: ``observe_rollout``, ``observe_update``, ``observe_post_update``, ``llds_term``,
+``end_step``, ``close``. Sums stay on the trainer's device until ``end_step``, which reduces them
+across ranks (``all_reduce(SUM)``, exact), moves one small vector to the host, writes the row on
+rank 0 and runs the detector, the sinks and the actions.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lld_monitor import columns as C
+from lld_monitor.events import Alert, make_event
+
+logger = logging.getLogger("lld_monitor")
+
+#: Alert kinds on which ``auto_llds=True`` switches LLDS on (the paper's phases I and II).
+AUTO_LLDS_KINDS: tuple[str, ...] = ("stagnation", "decay")
+#: Alert kinds on which ``stop_on_collapse`` / ``checkpoint_on_collapse`` act.
+COLLAPSE_KINDS: tuple[str, ...] = ("collapse",)
+#: Lambda used by ``auto_llds`` when no ``LLDSConfig`` was given (the paper's value).
+AUTO_LLDS_LAMBDA = 0.2
+
+# Fixed layout of the per-step sum vector reduced across ranks (indices into _Acc.vector()).
+_STD_FIELDS: tuple[str, ...] = (
+    "n_resp",  # responses observed (rollout rows)
+    "n_rewarded",  # responses with a known reward
+    "reward_sum",
+    "reward_sq_sum",
+    "n_correct_resp",
+    "entropy_sum",
+    "entropy_count",
+    "length_sum",  # generated (non-tool) tokens
+    "searches_sum",
+    "searches_count",
+    "grad_sum",
+    "grad_count",
+    "loss_sum",
+    "loss_count",
+    "llds_loss_sum",
+    "llds_frac_sum",
+    "llds_count",
+    "kl_sum",
+    "kl_count",
+    "zero_std_groups",  # prompt groups whose rewards are all equal
+    "n_groups",
+    "n_probe",  # probe measurements (post-update forwards) folded in
+    "llds_on",  # rank 0's switch state (others contribute 0): keeps ranks in agreement
+    "llds_lam",
+)
+
+
+def _torch_dist() -> Any | None:
+    """torch.distributed when initialised with more than one rank, else None."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist
+    return None
+
+
+def _rank() -> int:
+    dist = _torch_dist()
+    return dist.get_rank() if dist is not None else 0
+
+
+class LLDSSwitch:
+    """Thread-safe LLDS on/off switch with its lambda; every change is an intervention event."""
+
+    def __init__(self, config: Any, on_change: Callable[[bool, float, str], None]) -> None:
+        self._lock = threading.Lock()
+        self._config = config
+        self._enabled = bool(config.enabled)
+        self._lam = float(config.lam)
+        self._on_change = on_change
+
+    @property
+    def config(self) -> Any:
+        """The ``LLDSConfig`` (gate, normalisation, answer weighting) with the lambda in force."""
+        with self._lock:
+            return replace(self._config, lam=self._lam, enabled=self._enabled)
+
+    @property
+    def enabled(self) -> bool:
+        with self._lock:
+            return self._enabled
+
+    @property
+    def lam(self) -> float:
+        """Lambda that applies while enabled (kept when disabled)."""
+        with self._lock:
+            return self._lam
+
+    def enable(self, lam: float | None = None, *, reason: str = "user") -> None:
+        """Switch LLDS on from the next loss computation; optionally set lambda."""
+        if lam is not None and (not math.isfinite(float(lam)) or float(lam) < 0):
+            raise ValueError(f"LLDS lambda must be a finite number >= 0, got {lam!r}")
+        with self._lock:
+            self._enabled = True
+            if lam is not None:
+                self._lam = float(lam)
+            enabled, lam_now = self._enabled, self._lam
+        self._on_change(enabled, lam_now, reason)
+
+    def disable(self, *, reason: str = "user") -> None:
+        """Switch LLDS off from the next loss computation."""
+        with self._lock:
+            self._enabled = False
+            lam_now = self._lam
+        self._on_change(False, lam_now, reason)
+
+    def _sync(self, enabled: bool, lam: float) -> bool:
+        """Adopt rank 0's state without an event; True when it changed."""
+        with self._lock:
+            changed = enabled != self._enabled or (enabled and abs(lam - self._lam) > 1e-12)
+            self._enabled, self._lam = enabled, lam if enabled else self._lam
+        return changed
+
+
+class _Acc:
+    """Per-step sums on the trainer's device; ``vector()`` packs them for one all_reduce."""
+
+    def __init__(self) -> None:
+        self.device: torch.device | None = None
+        self.std: dict[str, torch.Tensor | float] = {}
+        self.conf: torch.Tensor | None = None  # [K] displacement_sums of observed rollouts
+        self.disp: torch.Tensor | None = None  # [K] displacement_sums of probed responses
+        self.grad_max: float | torch.Tensor = float("nan")
+        self.reward_fn: dict[str, torch.Tensor] = {}  # name -> [2] (sum, count)
+
+    def add(self, name: str, value: torch.Tensor | float) -> None:
+        if isinstance(value, torch.Tensor):
+            value = value.detach().float()
+            if self.device is None:
+                self.device = value.device
+        self.std[name] = self.std.get(name, 0.0) + value
+
+    def vector(self, n_sum: int, device: torch.device) -> torch.Tensor:
+        """[len(_STD_FIELDS) + 2K] float64 vector of every sum (zeros where absent)."""
+        parts = []
+        for name in _STD_FIELDS:
+            v = self.std.get(name, 0.0)
+            parts.append(
+                v.to(device, torch.float64)
+                if isinstance(v, torch.Tensor)
+                else torch.tensor(float(v), dtype=torch.float64, device=device)
+            )
+        for sums in (self.conf, self.disp):
+            if sums is None:
+                parts.append(torch.zeros(n_sum, dtype=torch.float64, device=device))
+            else:
+                parts.append(sums.detach().to(device, torch.float64).reshape(-1))
+        return torch.cat([p.reshape(-1) for p in parts])
+
+
+@dataclass(frozen=True)
+class ProbeRecord:
+    """The last post-update measurement (device tensors, for drill-down and tests)."""
+
+    step: int
+    token_ids: torch.Tensor | None  # [B, L] completion ids of the probed responses
+    mask: torch.Tensor  # [B, L] generated-token mask (tool feedback 0)
+    logp_old: torch.Tensor  # [B, L]
+    logp_new: torch.Tensor  # [B, L]
+    correct: torch.Tensor  # [B] bool
+    delta: torch.Tensor  # [B] summed logp_new - logp_old over generated tokens
+    rows: torch.Tensor | None = None  # [B] indices of the probed rows in the adapter's batch
+
+
+class LLDMonitor:
+    """Diagnose the LLD death spiral during training and switch the LLDS regularizer on or off.
+
+    ``monitor = LLDMonitor("runs/exp1"); monitor.attach(trainer); trainer.train()``, or call the
+    plain ``observe_*`` / ``end_step`` methods from a hand-written loop.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        llds: Any | None = None,
+        probe_fraction: float = 0.25,
+        correct_fn: Callable[[torch.Tensor | None, torch.Tensor | None], torch.Tensor]
+        | None = None,
+        correct_threshold: float = 1.0,
+        sinks: Sequence[Any] = (),
+        detector: Any = True,
+        auto_llds: bool = False,
+        stop_on_collapse: bool = False,
+        checkpoint_on_collapse: bool = False,
+        token_samples_per_step: int = 4,
+        strict: bool = False,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not 0.0 <= float(probe_fraction) <= 1.0:
+            raise ValueError(
+                f"probe_fraction must be in [0, 1] (0 turns the post-update probe off), "
+                f"got {probe_fraction!r}"
+            )
+        if token_samples_per_step < 0:
+            raise ValueError(f"token_samples_per_step must be >= 0, got {token_samples_per_step}")
+        from lld_monitor.llds import LLDSConfig
+
+        if llds is not None and not isinstance(llds, LLDSConfig):
+            raise ValueError("llds must be an lld_monitor.LLDSConfig or None")
+        self.run_dir = Path(run_dir)
+        self.probe_fraction = float(probe_fraction)
+        self.correct_fn = correct_fn
+        self.correct_threshold = float(correct_threshold)
+        self.sinks = list(sinks)
+        self.auto_llds = bool(auto_llds)
+        self.stop_on_collapse = bool(stop_on_collapse)
+        self.checkpoint_on_collapse = bool(checkpoint_on_collapse)
+        self.token_samples_per_step = int(token_samples_per_step)
+        self.strict = bool(strict)
+        self.meta: dict[str, Any] = dict(meta or {})
+        self._llds_given = llds is not None
+        config = llds if llds is not None else LLDSConfig(enabled=False)
+        self.llds = LLDSSwitch(config, self._on_llds_change)
+        self.detector = self._make_detector(detector)
+
+        self.rank = 0
+        self.writer: Any | None = None
+        self.adapter: Any | None = None
+        self.step = 0  # the step the next end_step() writes (unless given)
+        self.rows_written = 0
+        self.last_row: dict[str, Any] = {}
+        self.last_alerts: list[Alert] = []
+        self.last_probe: ProbeRecord | None = None
+        self.should_stop = False  # set by stop_on_collapse; adapters copy it into control
+        self.should_save = False  # set by checkpoint_on_collapse; reset by the adapter
+        self.closed = False
+        self._acc = _Acc()
+        self._tokens: list[dict[str, Any]] = []
+        self._last_rollout: dict[str, Any] | None = None
+        self._errors_seen: set[str] = set()
+        self._phase: str | None = None
+        self._lock = threading.RLock()
+        self._pending_events: list[dict[str, Any]] = []
+        self.reuse_warning: str | None = None  # set by an adapter when LLDS can never act
+        self.last_local_sums: torch.Tensor | None = None  # strict mode: see sum_layout()
+
+    # -- setup --------------------------------------------------------------------------------
+
+    def _make_detector(self, detector: Any) -> Any | None:
+        if detector is None or detector is False:
+            return None
+        if detector is True:
+            try:
+                from lld_monitor.analysis import PhaseDetector
+            except ImportError as err:
+                logger.warning(
+                    "lld_monitor: no online phase detector (%s); rows are still logged", err
+                )
+                return None
+            return PhaseDetector()
+        if not hasattr(detector, "update"):
+            raise ValueError("detector must be True, None, or an object with update(row) -> alerts")
+        return detector
+
+    def attach(self, trainer: Any) -> LLDMonitor:
+        """Hook into ``trainer`` (TRL GRPOTrainer: full; transformers Trainer: standard metrics)."""
+        kind = type(trainer).__module__ + "." + type(trainer).__qualname__
+        try:
+            from trl import GRPOTrainer
+        except ImportError:
+            GRPOTrainer = None
+        if GRPOTrainer is not None and isinstance(trainer, GRPOTrainer):
+            from lld_monitor.integrations.trl import GRPOAdapter
+
+            self.adapter = GRPOAdapter(self, trainer)
+        else:
+            from transformers import Trainer
+
+            if not isinstance(trainer, Trainer):
+                raise ValueError(
+                    f"attach() needs a trl.GRPOTrainer or a transformers.Trainer, got {kind}; "
+                    "for a hand-written loop call observe_rollout/observe_update/end_step instead"
+                )
+            from lld_monitor.integrations.transformers import TrainerAdapter
+
+            self.adapter = TrainerAdapter(self, trainer)
+        self.adapter.install()
+        return self
+
+    def start(self, *, trainer: str = "custom", lld_columns: bool = True, **meta: Any) -> None:
+        """Open the run log (rank 0) with the run's meta; called by attach or the first end_step."""
+        with self._lock:
+            if self.writer is not None or self.closed:
+                return
+            self.rank = _rank()
+            if self.rank != 0:
+                return
+            from lld_monitor.runlog import RunWriter
+
+            full_meta = {
+                "trainer": trainer,
+                "lld_columns": bool(lld_columns),
+                "config": self._config_meta(),
+                **meta,
+                **self.meta,
+            }
+            if not lld_columns:
+                full_meta["lld_columns_absent"] = list(C.LLD_COLUMNS)
+            self.writer = RunWriter(self.run_dir, meta=full_meta)
+            self._event(
+                make_event("lifecycle", self.step, "attach", f"monitor attached to {trainer}")
+            )
+            for event in self._pending_events:
+                self._event(event)
+            self._pending_events.clear()
+
+    def _config_meta(self) -> dict[str, Any]:
+        cfg = self.llds.config
+        return {
+            "probe_fraction": self.probe_fraction,
+            "correct_threshold": self.correct_threshold,
+            "correct_fn": getattr(self.correct_fn, "__name__", None),
+            "auto_llds": self.auto_llds,
+            "stop_on_collapse": self.stop_on_collapse,
+            "checkpoint_on_collapse": self.checkpoint_on_collapse,
+            "token_samples_per_step": self.token_samples_per_step,
+            "detector": type(self.detector).__name__ if self.detector is not None else None,
+            "llds": {
+                "enabled": cfg.enabled,
+                "lam": cfg.lam,
+                "gate": cfg.gate,
+                "normalize": cfg.normalize,
+                "answer_weighting": cfg.answer_weighting,
+            },
+        }
+
+    # -- failure policy -----------------------------------------------------------------------
+
+    @contextmanager
+    def guard(self, where: str) -> Iterator[None]:
+        """Run a hook: in strict mode re-raise, else report once, record an event, carry on."""
+        try:
+            yield
+        except Exception as err:
+            if self.strict:
+                raise
+            self._report_error(where, err)
+
+    def guarded(
+        self, where: str, default: Any = None
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator form of :meth:`guard` returning ``default`` on a swallowed error."""
+
+        def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def inner(*args: Any, **kwargs: Any) -> Any:
+                with self.guard(where):
+                    return fn(*args, **kwargs)
+                return default
+
+            return inner
+
+        return wrap
+
+    def _report_error(self, where: str, err: BaseException) -> None:
+        key = f"{where}:{type(err).__name__}"
+        first = key not in self._errors_seen
+        self._errors_seen.add(key)
+        if first:
+            logger.error(
+                "lld_monitor: %s failed (%s: %s); training continues, the monitor skips this "
+                "hook when it fails (pass strict=True to raise)\n%s",
+                where,
+                type(err).__name__,
+                err,
+                "".join(traceback.format_exception(err)),
+            )
+            try:
+                self._event(
+                    make_event(
+                        "error",
+                        self.step,
+                        where,
+                        f"{where} failed: {type(err).__name__}: {err}",
+                        "warning",
+                        {"exception": type(err).__name__},
+                    )
+                )
+            except Exception as log_err:
+                logger.error("lld_monitor: could not record the error event either: %s", log_err)
+
+    # -- events -------------------------------------------------------------------------------
+
+    def _event(self, event: dict[str, Any]) -> None:
+        """Write an event (rank 0) and pass it to the sinks; queued until the run log opens."""
+        if self.rank != 0:
+            return
+        if self.writer is None:
+            self._pending_events.append(event)
+            return
+        self.writer.log_event(event)
+        for sink in self.sinks:
+            fn = getattr(sink, "log_event", None)
+            if fn is not None:
+                with self.guard(f"sink {type(sink).__name__}.log_event"):
+                    fn(event)
+
+    def _on_llds_change(self, enabled: bool, lam: float, reason: str) -> None:
+        state = f"on (lambda={lam:g})" if enabled else "off"
+        msg = f"LLDS switched {state} by {reason}"
+        if enabled and self.reuse_warning:
+            logger.warning("lld_monitor: %s", self.reuse_warning)
+            msg += f"; {self.reuse_warning}"
+        with self.guard("llds switch event"):
+            self._event(
+                make_event(
+                    "intervention",
+                    self.step,
+                    "llds_enable" if enabled else "llds_disable",
+                    msg,
+                    "info",
+                    {"enabled": int(enabled), "lam": lam, "reason": reason},
+                )
+            )
+
+    # -- correctness --------------------------------------------------------------------------
+
+    def correct_mask(
+        self,
+        rewards: torch.Tensor | None,
+        advantages: torch.Tensor | None,
+        batch: int,
+        device: torch.device,
+    ) -> torch.Tensor:
+        """[B] bool: correct_fn, else reward >= correct_threshold, else advantage > 0."""
+        if advantages is not None and advantages.dim() == 2:
+            advantages = advantages[:, 0]
+        if self.correct_fn is not None:
+            out = torch.as_tensor(self.correct_fn(rewards, advantages), device=device)
+            if out.shape != (batch,):
+                raise ValueError(
+                    f"correct_fn must return a [B]={batch} tensor, got {tuple(out.shape)}"
+                )
+            return out.bool()
+        if rewards is not None:
+            return rewards.to(device) >= self.correct_threshold
+        if advantages is not None:
+            return advantages.to(device) > 0
+        return torch.zeros(batch, dtype=torch.bool, device=device)
+
+    # -- plain API: observe ---------------------------------------------------------------------
+
+    def observe_rollout(
+        self,
+        logp_old: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        rewards: torch.Tensor | None = None,
+        advantages: torch.Tensor | None = None,
+        token_ids: torch.Tensor | None = None,
+        entropy: torch.Tensor | None = None,
+        num_searches: torch.Tensor | None = None,
+        kl: torch.Tensor | None = None,
+    ) -> None:
+        """Record a batch under the sampling policy; ``logp_old``, ``mask``, ``entropy`` are [B, L].
+
+        ``mask`` is 1 on generated tokens only (tool feedback and padding 0). Confidence, reward,
+        entropy and length columns of the current step come from here; the batch is kept for
+        :meth:`observe_post_update`.
+        """
+        with self.guard("observe_rollout"):
+            self._observe_rollout(
+                logp_old, mask, rewards, advantages, token_ids, entropy, num_searches, kl
+            )
+
+    def _observe_rollout(
+        self,
+        logp_old: torch.Tensor,
+        mask: torch.Tensor,
+        rewards: torch.Tensor | None,
+        advantages: torch.Tensor | None,
+        token_ids: torch.Tensor | None,
+        entropy: torch.Tensor | None,
+        num_searches: torch.Tensor | None,
+        kl: torch.Tensor | None = None,
+    ) -> None:
+        from lld_monitor.metrics import displacement_sums
+
+        if logp_old.dim() != 2 or logp_old.shape != mask.shape:
+            raise ValueError(
+                f"logp_old and mask must both be [B, L], got {tuple(logp_old.shape)} and "
+                f"{tuple(mask.shape)}"
+            )
+        logp_old = logp_old.detach()
+        batch, device = logp_old.shape[0], logp_old.device
+        maskf = mask.to(device=device, dtype=logp_old.dtype)
+        if rewards is not None:
+            rewards = torch.as_tensor(rewards, device=device).detach().float().reshape(-1)
+        if advantages is not None:
+            advantages = torch.as_tensor(advantages, device=device).detach().float()
+        correct = self.correct_mask(rewards, advantages, batch, device)
+        acc = self._acc
+        acc.add("n_resp", float(batch))
+        if rewards is not None:
+            finite = torch.isfinite(rewards)
+            r = torch.where(finite, rewards, torch.zeros_like(rewards))
+            acc.add("n_rewarded", finite.sum())
+            acc.add("reward_sum", r.sum())
+            acc.add("reward_sq_sum", (r * r).sum())
+        acc.add("n_correct_resp", correct.sum())
+        acc.add("length_sum", maskf.sum())
+        if entropy is not None:
+            ent = entropy.detach()
+            if ent.dim() == 2:
+                acc.add("entropy_sum", (ent.float() * maskf).sum())
+                acc.add("entropy_count", maskf.sum())
+            else:
+                acc.add("entropy_sum", ent.float().sum())
+                acc.add("entropy_count", float(ent.numel()))
+        if kl is not None:
+            acc.add("kl_sum", (kl.detach().float() * maskf).sum())
+            acc.add("kl_count", maskf.sum())
+        if num_searches is not None:
+            ns = torch.as_tensor(num_searches, device=device).float().reshape(-1)
+            acc.add("searches_sum", ns.sum())
+            acc.add("searches_count", float(ns.numel()))
+        sums = displacement_sums(logp_old, None, mask.to(device), correct)
+        acc.conf = sums if acc.conf is None else acc.conf + sums
+        self._last_rollout = {
+            "logp_old": logp_old,
+            "mask": mask.to(device),
+            "rewards": rewards,
+            "advantages": advantages,
+            "token_ids": token_ids,
+            "correct": correct,
+        }
+
+    def observe_reward_fn(self, name: str, rewards: torch.Tensor) -> None:
+        """Add the raw rewards [B] of one reward function (column ``reward_fn/<name>``)."""
+        with self.guard("observe_reward_fn"):
+            r = rewards.detach().float().reshape(-1)
+            finite = torch.isfinite(r)
+            part = torch.stack(
+                [torch.where(finite, r, torch.zeros_like(r)).sum(), finite.sum().float()]
+            )
+            prev = self._acc.reward_fn.get(name)
+            self._acc.reward_fn[name] = part if prev is None else prev + part
+
+    def observe_groups(self, n_zero_std: torch.Tensor | float, n_groups: int) -> None:
+        """Add prompt groups whose rewards were all equal (column ``frac_zero_std_groups``)."""
+        with self.guard("observe_groups"):
+            self._acc.add("zero_std_groups", n_zero_std)
+            self._acc.add("n_groups", float(n_groups))
+
+    def observe_update(
+        self,
+        grad_norm: torch.Tensor | float | None = None,
+        loss: torch.Tensor | float | None = None,
+        llds_out: Any | None = None,
+    ) -> None:
+        """Record one optimizer update: pre-clip ``grad_norm``, ``loss``, an ``LLDSOutput``."""
+        with self.guard("observe_update"):
+            acc = self._acc
+            if grad_norm is not None:
+                g = (
+                    grad_norm.detach().float()
+                    if isinstance(grad_norm, torch.Tensor)
+                    else float(grad_norm)
+                )
+                acc.add("grad_sum", g)
+                acc.add("grad_count", 1.0)
+                m = acc.grad_max
+                if isinstance(m, float) and math.isnan(m):
+                    acc.grad_max = g
+                else:
+                    acc.grad_max = (
+                        torch.maximum(torch.as_tensor(m), torch.as_tensor(g))
+                        if (isinstance(m, torch.Tensor) or isinstance(g, torch.Tensor))
+                        else max(m, g)
+                    )
+            if loss is not None:
+                acc.add(
+                    "loss_sum",
+                    loss.detach().float() if isinstance(loss, torch.Tensor) else float(loss),
+                )
+                acc.add("loss_count", 1.0)
+            if llds_out is not None:
+                self._record_llds(llds_out)
+
+    def _record_llds(self, out: Any) -> None:
+        acc = self._acc
+        acc.add("llds_loss_sum", out.loss.detach().float())
+        frac = out.frac_gated
+        acc.add(
+            "llds_frac_sum",
+            frac.detach().float() if isinstance(frac, torch.Tensor) else float(frac),
+        )
+        acc.add("llds_count", 1.0)
+
+    def observe_post_update(
+        self,
+        logp_new: torch.Tensor,
+        *,
+        rows: torch.Tensor | None = None,
+        tokenizer: Any | None = None,
+        generated: torch.Tensor | None = None,
+    ) -> None:
+        """Measure displacement of the last observed rollout under the updated policy.
+
+        ``logp_new`` [B', L] are the same completions' log-probs after the batch's last update, for
+        all rows of the rollout or for the subset ``rows`` [B'] (a probe sample).
+        """
+        with self.guard("observe_post_update"):
+            if self._last_rollout is None:
+                raise ValueError(
+                    "observe_post_update() needs an observe_rollout() of the same batch first"
+                )
+            ro = self._last_rollout
+            idx = rows
+            pick = (lambda t: t) if idx is None else (lambda t: None if t is None else t[idx])
+            self.measure_displacement(
+                pick(ro["logp_old"]),
+                logp_new,
+                pick(ro["mask"]),
+                pick(ro["correct"]),
+                token_ids=pick(ro["token_ids"]),
+                rewards=pick(ro["rewards"]),
+                advantages=pick(ro["advantages"]),
+                rows=rows,
+                tokenizer=tokenizer,
+                generated=generated,
+            )
+
+    def measure_displacement(
+        self,
+        logp_old: torch.Tensor,
+        logp_new: torch.Tensor,
+        mask: torch.Tensor,
+        correct: torch.Tensor,
+        *,
+        token_ids: torch.Tensor | None = None,
+        rewards: torch.Tensor | None = None,
+        advantages: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
+        tokenizer: Any | None = None,
+        generated: torch.Tensor | None = None,
+    ) -> ProbeRecord:
+        """Fold one post-update measurement ([B, L] tensors, ``correct`` [B]) into this step."""
+        from lld_monitor.metrics import displacement_sums
+
+        logp_new = logp_new.detach().to(logp_old.device)
+        if logp_new.shape != logp_old.shape:
+            raise ValueError(
+                f"logp_new {tuple(logp_new.shape)} must match the rollout's logp_old "
+                f"{tuple(logp_old.shape)} (same rows, same token positions)"
+            )
+        sums = displacement_sums(logp_old, logp_new, mask, correct)
+        acc = self._acc
+        acc.disp = sums if acc.disp is None else acc.disp + sums
+        acc.add("n_probe", 1.0)
+        maskf = mask.to(logp_old.dtype)
+        delta = ((logp_new - logp_old) * maskf).sum(-1)  # [B]
+        record = ProbeRecord(self.step, token_ids, mask, logp_old, logp_new, correct, delta, rows)
+        self.last_probe = record
+        if self.token_samples_per_step > 0 and self.rank == 0:
+            self._tokens.extend(self._token_rows(record, rewards, advantages, tokenizer, generated))
+        return record
+
+    def _token_rows(
+        self,
+        rec: ProbeRecord,
+        rewards: torch.Tensor | None,
+        advantages: torch.Tensor | None,
+        tokenizer: Any | None,
+        generated: torch.Tensor | None,
+    ) -> list[dict[str, Any]]:
+        from lld_monitor.metrics import top_displaced_tokens
+
+        adv = advantages
+        if adv is not None and adv.dim() == 2:
+            adv = adv[:, 0]
+        rows = top_displaced_tokens(
+            rec.logp_old,
+            rec.logp_new,
+            rec.mask,
+            self.token_samples_per_step,
+            correct=rec.correct,
+            token_ids=rec.token_ids,
+            rewards=rewards,
+            advantages=adv,
+            only_correct=bool(rec.correct.any()),  # no correct response: the most displaced overall
+        )
+        for row in rows:
+            b, pos = row[C.TOK_RESPONSE], row[C.TOK_POSITION]
+            tid = row.get(C.TOK_TOKEN_ID, -1)
+            row[C.TOK_TEXT] = tokenizer.decode([tid]) if tokenizer is not None and tid >= 0 else ""
+            if generated is not None:
+                row[C.TOK_GENERATED] = int(generated[b, pos])
+            row[C.TOK_CORRECT] = int(row.get(C.TOK_CORRECT, False))
+        return rows
+
+    # -- plain API: LLDS ------------------------------------------------------------------------
+
+    def llds_term(
+        self,
+        logp_new: torch.Tensor,
+        logp_old: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        **kw: Any,
+    ) -> tuple[torch.Tensor, Any | None]:
+        """``(lam * L_LLDS, LLDSOutput)``: [B, L] log-probs, [B] advantages; ``(0, None)`` if off.
+
+        Add the first element to the loss (divide by the number of accumulated micro-batches
+        yourself). The output's statistics are recorded into the current step's llds_* columns.
+        With ``answer_mask`` [B, L] and the config's ``answer_weighting``, the answer span is
+        weighted by beta (adaptive schedules need ``mean_valid_searches``); other keywords
+        (``action_ids``) go to ``llds_loss``.
+        """
+        zero = logp_new.new_zeros(())
+        if not self.llds.enabled:
+            return zero, None
+        try:
+            from lld_monitor.llds import llds_loss
+
+            cfg = self.llds.config
+            searches = kw.pop("mean_valid_searches", None)
+            if kw.get("answer_mask") is not None and "answer_weight" not in kw:
+                kw["answer_weight"] = cfg.answer_weight(searches)
+            out = llds_loss(
+                logp_new,
+                logp_old.detach(),
+                advantages,
+                mask,
+                gate=cfg.gate,
+                normalize=cfg.normalize,
+                **kw,
+            )
+            self._record_llds(out)
+            return cfg.lam * out.loss, out
+        except Exception as err:
+            if self.strict:
+                raise
+            self._report_error("llds_term", err)
+            return zero, None
+
+    @staticmethod
+    def sum_layout() -> tuple[tuple[str, ...], int]:
+        """Layout of the reduced step vector: standard fields, then K confidence and K probe sums."""
+        from lld_monitor.metrics import SUM_FIELDS
+
+        return _STD_FIELDS, len(SUM_FIELDS)
+
+    # -- plain API: the row -------------------------------------------------------------------
+
+    def end_step(self, step: int | None = None, **extra_columns: Any) -> dict[str, Any]:
+        """Close the current step: reduce across ranks, write one row (rank 0), detect, act.
+
+        Returns the row (the same on every rank). ``extra_columns`` are added to it as given.
+        """
+        row: dict[str, Any] = {}
+        with self.guard("end_step"):
+            row = self._end_step(step, extra_columns)
+        self._acc = _Acc()
+        self.step = (row.get(C.STEP, self.step) if row else self.step) + 1
+        return row
+
+    def _end_step(self, step: int | None, extra: Mapping[str, Any]) -> dict[str, Any]:
+        from lld_monitor.metrics import SUM_FIELDS, stats_from_sums
+
+        if self.writer is None and self.rank == 0 and self.adapter is None:
+            self.start()
+        step = self.step if step is None else int(step)
+        acc = self._acc
+        n_sum = len(SUM_FIELDS)
+        device = acc.device or torch.device("cpu")
+        dist = _torch_dist()
+        if dist is not None and dist.get_backend() == "nccl" and device.type != "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+        vec = acc.vector(n_sum, device)
+        n_std = len(_STD_FIELDS)
+        i_on, i_lam = _STD_FIELDS.index("llds_on"), _STD_FIELDS.index("llds_lam")
+        if self.strict:  # tests: this rank's sums before the cross-rank reduction
+            self.last_local_sums = vec.detach().clone()
+        if dist is not None:
+            if dist.get_rank() == 0:
+                vec[i_on] = float(self.llds.enabled)
+                vec[i_lam] = self.llds.lam
+            dist.all_reduce(vec, op=dist.ReduceOp.SUM)
+        else:
+            vec[i_on] = float(self.llds.enabled)
+            vec[i_lam] = self.llds.lam
+        names = sorted(acc.reward_fn)
+        fn_vals: list[float] = []
+        if names:
+            fn_vec = torch.stack([acc.reward_fn[n].to(device, torch.float64) for n in names])
+            if dist is not None:
+                dist.all_reduce(fn_vec, op=dist.ReduceOp.SUM)
+            fn_vals = fn_vec.reshape(-1).tolist()
+        grad_max = acc.grad_max
+        host = vec.tolist()  # the one host transfer of the step
+        if isinstance(grad_max, torch.Tensor):
+            grad_max = float(grad_max)
+        s = dict(zip(_STD_FIELDS, host[:n_std], strict=True))
+        conf = torch.tensor(host[n_std : n_std + n_sum], dtype=torch.float64)
+        disp = torch.tensor(host[n_std + n_sum :], dtype=torch.float64)
+
+        if dist is not None and self.llds._sync(bool(s["llds_on"] > 0.5), s["llds_lam"]):
+            logger.info("lld_monitor: LLDS state adopted from rank 0")
+
+        row: dict[str, Any] = {C.STEP: step, C.TIME: time.time()}
+        n_r = s["n_rewarded"]
+        if n_r > 0:
+            mean = s["reward_sum"] / n_r
+            row[C.REWARD_MEAN] = mean
+            var = (s["reward_sq_sum"] - n_r * mean * mean) / (n_r - 1) if n_r > 1 else float("nan")
+            row[C.REWARD_STD] = math.sqrt(max(var, 0.0)) if not math.isnan(var) else var
+        if s["n_resp"] > 0:
+            row[C.ACCURACY] = s["n_correct_resp"] / s["n_resp"]
+            row[C.COMPLETION_LENGTH] = s["length_sum"] / s["n_resp"]
+        if s["entropy_count"] > 0:
+            row[C.ENTROPY] = s["entropy_sum"] / s["entropy_count"]
+        if s["kl_count"] > 0:
+            row[C.KL] = s["kl_sum"] / s["kl_count"]
+        if s["n_groups"] > 0:
+            row[C.FRAC_ZERO_STD_GROUPS] = s["zero_std_groups"] / s["n_groups"]
+        if s["searches_count"] > 0:
+            row[C.NUM_SEARCHES] = s["searches_sum"] / s["searches_count"]
+        if s["loss_count"] > 0:
+            row[C.LOSS] = s["loss_sum"] / s["loss_count"]
+        if s["grad_count"] > 0:
+            row[C.GRAD_NORM] = s["grad_sum"] / s["grad_count"]
+            row[C.GRAD_NORM_MAX] = grad_max
+        for k, name in enumerate(names):
+            tot, cnt = fn_vals[2 * k], fn_vals[2 * k + 1]
+            row[C.REWARD_FN_PREFIX + name] = tot / cnt if cnt > 0 else float("nan")
+        if s["n_resp"] > 0:
+            conf_row = stats_from_sums(conf).as_row()
+            row.update({c: conf_row[c] for c in C.CONFIDENCE_COLUMNS})
+        if s["n_probe"] > 0:
+            disp_row = stats_from_sums(disp).as_row()
+            row.update({c: disp_row[c] for c in C.DISPLACEMENT_COLUMNS})
+        on = s["llds_on"] > 0.5
+        row[C.LLDS_ENABLED] = int(on)
+        row[C.LLDS_LAMBDA] = s["llds_lam"] if on else 0.0
+        if s["llds_count"] > 0:
+            row[C.LLDS_LOSS] = s["llds_loss_sum"] / s["llds_count"]
+            row[C.LLDS_FRAC_GATED] = s["llds_frac_sum"] / s["llds_count"]
+        row.update(extra)
+
+        self.last_row = row
+        if self.rank == 0 and self.writer is not None:
+            self.writer.log_step(row)
+            self.rows_written += 1
+            if self._tokens:
+                with self.guard("log_tokens"):
+                    self.writer.log_tokens(self._tokens, step)
+            for sink in self.sinks:
+                fn = getattr(sink, "log_step", None)
+                if fn is not None:
+                    with self.guard(f"sink {type(sink).__name__}.log_step"):
+                        fn(row)
+        self._tokens = []
+        self._detect(row, step)
+        return row
+
+    # -- detector and actions -------------------------------------------------------------------
+
+    def _detect(self, row: Mapping[str, Any], step: int) -> None:
+        """Feed the detector (every rank, same rows -> same alerts) and act on its alerts."""
+        if self.detector is None:
+            self.last_alerts = []
+            return
+        alerts: list[Alert] = []
+        with self.guard("detector"):
+            alerts = list(self.detector.update(row) or [])
+        self.last_alerts = alerts
+        phase = getattr(self.detector, "phase", None)
+        if phase is not None and phase != self._phase:
+            if self._phase is not None or phase != "healthy":
+                self._event(
+                    make_event(
+                        "phase",
+                        step,
+                        str(phase),
+                        f"phase {self._phase} -> {phase}",
+                        "info",
+                        {"previous": self._phase},
+                    )
+                )
+            self._phase = phase
+        for alert in alerts:
+            self._event(alert.to_event())
+            for sink in self.sinks:
+                fn = getattr(sink, "alert", None)
+                if fn is not None:
+                    with self.guard(f"sink {type(sink).__name__}.alert"):
+                        fn(alert)
+            self._act(alert, step)
+
+    def decide(self, alert: Alert) -> list[tuple[str, str]]:
+        """The actions this monitor's settings take on ``alert``: ``[(action, reason), ...]``."""
+        actions = []
+        if self.auto_llds and alert.kind in AUTO_LLDS_KINDS and not self.llds.enabled:
+            actions.append(
+                ("llds_enable", f"auto_llds on a {alert.kind} alert at step {alert.step}")
+            )
+        if alert.kind in COLLAPSE_KINDS:
+            if self.stop_on_collapse:
+                actions.append(
+                    ("stop", f"stop_on_collapse on a collapse alert at step {alert.step}")
+                )
+            if self.checkpoint_on_collapse:
+                actions.append(("checkpoint", f"checkpoint_on_collapse at step {alert.step}"))
+        return actions
+
+    def _act(self, alert: Alert, step: int) -> None:
+        for action, reason in self.decide(alert):
+            if action == "llds_enable":
+                lam = self.llds.lam if self._llds_given else AUTO_LLDS_LAMBDA
+                self.llds.enable(lam, reason=reason)
+                continue
+            if action == "stop":
+                self.should_stop = True
+            elif action == "checkpoint":
+                self.should_save = True
+            self._event(
+                make_event("intervention", step, action, reason, "warning", {"alert": alert.kind})
+            )
+
+    # -- end ----------------------------------------------------------------------------------
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Flush and close the run log and the sinks; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.adapter is not None:
+            with self.guard("adapter.uninstall"):
+                self.adapter.uninstall()
+        for sink in self.sinks:
+            fn = getattr(sink, "close", None)
+            if fn is not None:
+                with self.guard(f"sink {type(sink).__name__}.close"):
+                    fn()
+        if self.writer is not None:
+            with self.guard("run log close"):
+                self.writer.close(error=error)
+
+    def __enter__(self) -> LLDMonitor:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.close(error=exc)
