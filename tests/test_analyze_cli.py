@@ -1,0 +1,211 @@
+"""``lld-monitor analyze``: JSON schema, human summary, HTML report, exit 2 on unknown files."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lld_monitor import columns as C
+from lld_monitor.cli import main
+from lld_monitor.events import Alert
+from lld_monitor.importers import load_table
+from lld_monitor.report import PANELS, build_figure, write_report
+
+FIX = Path(__file__).parent / "fixtures" / "importers"
+
+
+def _analyze_run():
+    analysis = pytest.importorskip("lld_monitor.analysis")
+    if not hasattr(analysis, "analyze_run"):
+        pytest.skip("lld_monitor.analysis.analyze_run not available yet")
+    return analysis.analyze_run
+
+
+def _collapsing_csv(path: Path) -> Path:
+    """A 200-step run: reward rises then falls to 0 after step 150, grad norm explodes, LLD signals
+    fall (correct log-prob flat, then decaying, then dropping); written as a canonical CSV."""
+    steps = np.arange(1, 201)
+    reward = np.where(
+        steps < 150, 0.2 + 0.4 * steps / 150, np.maximum(0.0, 0.6 - (steps - 150) / 20)
+    )
+    logp = np.where(steps < 60, -0.3, -0.3 - 0.004 * (steps - 60))
+    logp = np.where(steps < 150, logp, logp - 0.08 * (steps - 150))
+    grad = np.where(steps < 150, 0.3, 0.3 * np.exp((steps - 150) / 8))
+    entropy = np.where(steps < 150, 0.8, 0.8 + 0.05 * (steps - 150))
+    frac = np.where(steps < 60, 0.35, np.minimum(0.95, 0.35 + 0.005 * (steps - 60)))
+    pd.DataFrame(
+        {
+            C.STEP: steps,
+            C.REWARD_MEAN: reward,
+            C.GRAD_NORM: grad,
+            C.ENTROPY: entropy,
+            C.LOGP_CORRECT: logp,
+            C.LOGP_INCORRECT: logp - 0.2,
+            C.FRAC_CORRECT_DISPLACED: frac,
+            C.DELTA_CORRECT: np.where(steps < 60, 0.01, -0.05),
+        }
+    ).to_csv(path, index=False)
+    return path
+
+
+# --- JSON -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["trainer_state.json", "verl_metrics.jsonl", "wandb_history.csv", "trl_console.log"]
+)
+def test_json_is_one_object_with_exactly_the_schema_keys(name, capsys):
+    _analyze_run()
+    assert main(["analyze", str(FIX / name), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # exactly one JSON object on one line
+    doc = json.loads(out)
+    assert set(doc) == {"phases", "alerts", "collapse_step", "signals"}
+    assert set(doc["signals"]) == {"used", "missing"}
+    for seg in doc["phases"]:
+        assert set(seg) == {"phase", "start_step", "end_step"}
+        assert seg["phase"] in C.PHASES
+    for alert in doc["alerts"]:
+        assert set(alert) == {"step", "kind", "severity", "message"}
+        assert alert["severity"] in C.SEVERITIES
+    assert doc["collapse_step"] is None or isinstance(doc["collapse_step"], int)
+
+
+def test_json_equals_the_analysis_of_the_imported_table(tmp_path, capsys):
+    analyze_run = _analyze_run()
+    path = _collapsing_csv(tmp_path / "run.csv")
+    assert main(["analyze", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc == json.loads(json.dumps(analyze_run(load_table(path)).to_dict()))
+    # foreign logs lack the LLD columns and the analysis says so
+    assert main(["analyze", str(FIX / "trainer_state.json"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert C.LOGP_CORRECT in doc["signals"]["missing"]
+
+
+# --- human summary --------------------------------------------------------------------------------
+
+
+def test_human_summary_names_format_steps_phases_and_signals(capsys):
+    _analyze_run()
+    assert main(["analyze", str(FIX / "verl_console.log")]) == 0
+    out = capsys.readouterr().out
+    assert "format:   verl_console" in out
+    assert "3 rows, step 1 to 3" in out
+    for label in ("phases:", "alerts:", "collapse:", "signals used:", "signals missing:"):
+        assert label in out
+
+
+# --- HTML -----------------------------------------------------------------------------------------
+
+
+def test_html_report_is_self_contained(tmp_path, capsys):
+    _analyze_run()
+    csv = _collapsing_csv(tmp_path / "run.csv")
+    out = tmp_path / "report" / "run.html"
+    assert main(["analyze", str(csv), "--json", "--html", str(out)]) == 0
+    json.loads(capsys.readouterr().out)  # stdout stays one JSON object with --html
+    page = out.read_text(encoding="utf-8")
+    assert "plotly" in page.lower() and "Plotly.newPlot" in page
+    assert re.search(r"<script[^>]*\bsrc\s*=", page) is None  # no CDN, no external script
+    assert len(page) > 1_000_000  # plotly.js itself is inlined (several MB)
+
+
+def _standin_analysis():
+    """A hand-made analysis (the report is under test, not the analyzer)."""
+    seg = SimpleNamespace
+    return SimpleNamespace(
+        phases=[
+            seg(phase="healthy", start_step=1, end_step=59),
+            seg(phase="stagnation", start_step=60, end_step=99),
+            seg(phase="collapse", start_step=100, end_step=120),
+        ],
+        alerts=[
+            Alert(60, "stagnation", "warning", "logp_correct flat (-0.30) while reward rose 0.2"),
+            Alert(100, "collapse", "critical", "grad norm 12.5x its median"),
+        ],
+        collapse_step=100,
+        signals_used=[C.REWARD_MEAN, C.GRAD_NORM],
+        signals_missing=[C.LLDS_LOSS],
+    )
+
+
+def test_report_figure_panels_phases_and_alerts():
+    steps = np.arange(1, 121)
+    df = pd.DataFrame(
+        {
+            C.STEP: steps,
+            C.REWARD_MEAN: np.linspace(0, 1, 120),
+            C.GRAD_NORM: np.full(120, 0.5),
+            C.FRAC_CORRECT_DISPLACED: np.full(120, 0.4),
+        }
+    )
+    fig = build_figure(df, _standin_analysis())
+    layout = fig.layout
+    # one panel per PANELS entry; the grad-norm panel has a log y axis
+    assert len([k for k in layout if k.startswith("yaxis")]) == len(PANELS)
+    grad_row = next(i for i, p in enumerate(PANELS, 1) if p[1][0][0] == C.GRAD_NORM)
+    assert layout[f"yaxis{grad_row}"].type == "log"
+    rects = [s for s in layout.shapes if s.type == "rect"]
+    assert len(rects) == 3 * len(PANELS)  # each phase shaded on every panel
+    collapse_fill = {s.fillcolor for s in rects if s.x0 == 100}
+    assert collapse_fill == {"rgba(215, 40, 40, 0.25)"}
+    # the 0.5 line on the share-displaced panel
+    frac_row = next(i for i, p in enumerate(PANELS, 1) if p[1][0][0] == C.FRAC_CORRECT_DISPLACED)
+    yref = "y" if frac_row == 1 else f"y{frac_row}"
+    assert any(s.type == "line" and s.y0 == 0.5 and s.yref == yref for s in layout.shapes)
+    # alerts: hoverable markers with the message, placed on the reward curve
+    markers = [t for t in fig.data if t.mode == "markers"]
+    hover = " ".join(" ".join(t.hovertext) for t in markers)
+    assert "logp_correct flat (-0.30)" in hover and "grad norm 12.5x" in hover
+    warn = next(t for t in markers if t.name == "warning alerts")
+    assert list(warn.x) == [60.0]
+    assert warn.y[0] == pytest.approx(df[C.REWARD_MEAN].iloc[59])
+    # panels without data say what is missing
+    texts = [a.text for a in layout.annotations]
+    assert any(t.startswith("not logged: " + C.LOGP_CORRECT) for t in texts)
+
+
+def test_write_report_without_cli(tmp_path):
+    df = load_table(FIX / "trainer_state.json")
+    out = write_report(df, _standin_analysis(), tmp_path / "r.html")
+    page = out.read_text(encoding="utf-8")
+    assert "trl_trainer_state" in page and "grad norm 12.5x its median" in page
+    assert re.search(r"<script[^>]*\bsrc\s*=", page) is None
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+def test_unknown_file_exit_2_and_one_line_stderr(tmp_path):
+    cmd = [sys.executable, "-m", "lld_monitor.cli", "analyze", str(FIX / "unknown.txt")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("lld-monitor analyze: ") and "expected" in lines[0]
+
+
+@pytest.mark.parametrize("make", ["missing", "binary", "empty_dir"])
+def test_unreadable_inputs_exit_2(tmp_path, capsys, make):
+    if make == "missing":
+        path = tmp_path / "nope.json"
+    elif make == "binary":
+        path = tmp_path / "x.bin"
+        path.write_bytes(bytes(range(256)))
+    else:
+        path = tmp_path / "empty"
+        path.mkdir()
+    assert main(["analyze", str(path), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert len(captured.err.strip().splitlines()) == 1
