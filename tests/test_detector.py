@@ -1,0 +1,273 @@
+"""The online PhaseDetector: hand-checked statistics, phases on labelled runs, state round-trip."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from lld_monitor import columns as C
+from lld_monitor.analysis import DetectorConfig, PhaseDetector
+from lld_monitor.analysis.detector import _EMA, _RollingOLS
+from lld_monitor.testing import make_run
+
+LLD_KINDS = {"stagnation", "decay", "collapse"}
+
+
+def _replay(df, detector: PhaseDetector | None = None):
+    det = detector or PhaseDetector()
+    alerts = []
+    phases = []
+    for rec in df.to_dict("records"):
+        alerts += det.update(rec)
+        phases.append(det.phase)
+    return alerts, phases, det
+
+
+def _first(alerts, kinds):
+    steps = [a.step for a in alerts if a.kind in kinds]
+    return min(steps) if steps else None
+
+
+# --- the incremental statistics ---------------------------------------------------------------
+
+
+def test_rolling_ols_exact_line_and_step_window():
+    # y = 2 + 0.5 x at x = 0..9; window of 5 steps keeps x in (4, 9] but at least 3 rows
+    ols = _RollingOLS(steps=5, min_rows=3)
+    for x in range(10):
+        ols.push(float(x), 2.0 + 0.5 * x)
+    slope, t, span, y0, y1 = ols.fit()
+    assert [p[0] for p in ols.buf] == [5.0, 6.0, 7.0, 8.0, 9.0]
+    assert slope == pytest.approx(0.5, abs=1e-12)
+    assert math.isinf(t)  # exact line: zero residual
+    assert span == 4.0
+    assert (y0, y1) == (pytest.approx(4.5), pytest.approx(6.5))  # 2 + 0.5*5, 2 + 0.5*9
+
+
+def test_rolling_ols_t_statistic_by_hand():
+    # x = 0,1,2,3, y = 0,1,1,2: mean x 1.5, mean y 1, Sxx = 5, Sxy = (-1.5)(-1) + 0.5*0 + 1.5*1 = 3
+    # -> slope 0.6; fitted 1 + 0.6 (x - 1.5) = 0.1, 0.7, 1.3, 1.9; residuals -0.1, 0.3, -0.3, 0.1
+    # -> RSS = 0.2, se = sqrt(0.2 / (4 - 2) / 5) = sqrt(0.02), t = 0.6 / 0.1414 = 4.243
+    ols = _RollingOLS(steps=100, min_rows=3)
+    for x, y in zip([0, 1, 2, 3], [0, 1, 1, 2]):
+        ols.push(float(x), float(y))
+    slope, t, _, y0, y1 = ols.fit()
+    assert slope == pytest.approx(0.6)
+    assert t == pytest.approx(0.6 / math.sqrt(0.02), rel=1e-9)
+    assert (y0, y1) == (pytest.approx(0.1), pytest.approx(1.9))
+
+
+def test_rolling_ols_sparse_keeps_min_rows():
+    # rows every 10 steps, window 40 steps, but at least 8 rows: spans 70 steps
+    ols = _RollingOLS(steps=40, min_rows=8)
+    for x in range(0, 200, 10):
+        ols.push(float(x), 1.0)
+    assert len(ols.buf) == 8 and ols.buf[0][0] == 120.0
+
+
+def test_rolling_ols_long_run_no_drift():
+    # 100k pushes far from the origin: the periodic re-anchoring keeps the slope exact
+    ols = _RollingOLS(steps=40, min_rows=8)
+    for x in range(100_000):
+        ols.push(float(x), -0.5 + 1e-3 * (x % 7))
+    ref = _RollingOLS(steps=40, min_rows=8)
+    for x, y in list(ols.buf):
+        ref.push(x, y)
+    assert ols.fit()[0] == pytest.approx(ref.fit()[0], abs=1e-12)
+
+
+def test_ema_irregular_steps():
+    # tau 5: after 5 steps the old value keeps weight exp(-1)
+    ema = _EMA(5.0)
+    ema.push(0.0, 1.0)
+    assert ema.push(5.0, 0.0) == pytest.approx(math.exp(-1.0))
+
+
+# --- phases on labelled runs ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [101, 202, 303])
+def test_collapse_run_gets_all_three_phases_in_order_before_collapse(seed):
+    run = make_run("collapse", seed=seed)
+    alerts, phases, det = _replay(run.steps)
+    stag, dec, col = (_first(alerts, {k}) for k in ("stagnation", "decay", "collapse"))
+    assert stag is not None and dec is not None and col is not None, alerts
+    assert stag < dec < col
+    assert stag < run.labels["stagnation_end"]  # phase I seen inside phase I
+    assert dec < run.labels["collapse_step"]
+    assert det.phase == "collapse" and phases[-1] == "collapse"
+    sev = {a.kind: a.severity for a in alerts}
+    assert sev["collapse"] == "critical" and sev["decay"] == "warning"
+
+
+def test_alert_messages_name_the_evidence_with_numbers():
+    run = make_run("collapse", seed=7)
+    alerts, _, _ = _replay(run.steps)
+    by_kind = {a.kind: a for a in alerts}
+    stag = by_kind["stagnation"].message
+    assert "logp of correct responses flat" in stag and "reward rose" in stag
+    assert "% of correct responses displaced" in stag
+    dec = by_kind["decay"]
+    assert "declining steadily" in dec.message and "t=-" in dec.message
+    assert dec.evidence["logp_change"] < -0.025
+    col = by_kind["collapse"]
+    assert "dropped" in col.message and col.evidence["phase_to"] == "collapse"
+    json.dumps([a.to_dict() for a in alerts])  # evidence is plain JSON
+
+
+@pytest.mark.parametrize("kind", ["healthy", "grad_spikes", "plateau", "dip"])
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_hard_negatives_get_no_decay_or_collapse(kind, seed):
+    run = make_run(kind, seed=seed)
+    alerts, phases, _ = _replay(run.steps)
+    assert not [a for a in alerts if a.kind in {"decay", "collapse"}], alerts
+    assert phases[-1] in {"healthy", "stagnation"}
+
+
+def test_standard_only_collapse_says_what_it_cannot_see():
+    run = make_run("collapse", seed=5, standard_only=True)
+    alerts, phases, det = _replay(run.steps)
+    kinds = [a.kind for a in alerts]
+    assert "stagnation" not in kinds and "decay" not in kinds
+    assert "collapse" in kinds
+    col = next(a for a in alerts if a.kind == "collapse")
+    assert "standard metrics" in col.message
+    # before the collapse the phase is unknown, never healthy: no LLD signal to say so
+    assert set(phases[: phases.index("collapse")]) == {"unknown"}
+    assert C.LOGP_CORRECT in det.signals_missing and C.GRAD_NORM in det.signals_used
+    assert any("stagnation and decay cannot be detected" in s for s in det.limitations())
+
+
+@pytest.mark.parametrize("log_every", [5, 10])
+def test_sparse_logging_uses_steps(log_every):
+    run = make_run("collapse", seed=21, log_every=log_every)
+    alerts, _, _ = _replay(run.steps)
+    first = _first(alerts, LLD_KINDS)
+    assert first is not None and first < run.labels["collapse_step"]
+    assert all(a.step % log_every == 0 for a in alerts)
+    assert _first(alerts, {"decay"}) is not None
+
+
+@pytest.mark.parametrize(
+    ("kind", "alert_kind"),
+    [
+        ("nonfinite", "nonfinite"),
+        ("dead_signal", "dead_signal"),
+        ("entropy_collapse", "entropy_collapse"),
+        ("length_blowup", "length_blowup"),
+    ],
+)
+def test_non_lld_failures_get_their_own_kind(kind, alert_kind):
+    run = make_run(kind, seed=3)
+    alerts, _, _ = _replay(run.steps)
+    fs = run.labels["failure_step"]
+    hits = [a for a in alerts if a.kind == alert_kind]
+    assert len(hits) == 1, alerts
+    assert fs <= hits[0].step <= fs + 40
+    assert "not a sign of LLD" in hits[0].message or "not a sign" in hits[0].message
+    assert not [a for a in alerts if a.kind in {"decay", "collapse"}]
+
+
+def test_nan_is_missing_until_the_column_was_seen():
+    det = PhaseDetector()
+    # a row with NaN loss before any finite loss: missing, not a failure
+    assert det.update({C.STEP: 0, C.LOSS: float("nan"), C.REWARD_MEAN: 0.1}) == []
+    assert det.update({C.STEP: 1, C.LOSS: 0.2, C.REWARD_MEAN: 0.1}) == []
+    # an eval-like row with no training metric at all: not a failure either
+    assert det.update({C.STEP: 2, C.LOSS: float("nan")}) == []
+    alerts = det.update({C.STEP: 3, C.LOSS: float("nan"), C.REWARD_MEAN: 0.1})
+    assert [a.kind for a in alerts] == ["nonfinite"] and alerts[0].severity == "critical"
+    # inf is never a missing value
+    det2 = PhaseDetector()
+    assert [a.kind for a in det2.update({C.STEP: 0, C.GRAD_NORM: math.inf})] == []
+    assert [a.kind for a in det2.update({C.STEP: 1, C.LOSS: -math.inf})] == ["nonfinite"]
+
+
+def test_rows_with_nothing_but_a_step_and_duplicates():
+    det = PhaseDetector()
+    for s in range(100):
+        assert det.update({C.STEP: s}) == []
+    assert det.phase == "unknown" and det.signals_used == []
+    assert det.update({C.STEP: 50, C.REWARD_MEAN: 1.0}) == []  # old step: ignored
+    assert det.signals_used == []
+    with pytest.raises(ValueError, match="step"):
+        det.update({C.REWARD_MEAN: 1.0})
+
+
+# --- contract: hyperparameters, state, replay ---------------------------------------------
+
+
+def test_hyperparameters_stored_under_their_names_and_validated():
+    det = PhaseDetector(window_steps=60, persist_steps=20)
+    assert det.window_steps == 60 and det.persist_steps == 20
+    assert det.config == DetectorConfig(window_steps=60, persist_steps=20)
+    with pytest.raises(ValueError, match="unknown PhaseDetector hyperparameter"):
+        PhaseDetector(windw=3)
+    with pytest.raises(ValueError, match="positive"):
+        PhaseDetector(trend_t=-1.0)
+
+
+@pytest.mark.parametrize(("kind", "cut"), [("collapse", 50), ("collapse", 123), ("dip", 90)])
+def test_state_dict_round_trip_mid_run_gives_identical_alerts(kind, cut):
+    run = make_run(kind, seed=9)
+    rows = run.steps.to_dict("records")
+    full, full_phases, _ = _replay(run.steps)
+
+    det = PhaseDetector()
+    before = []
+    for rec in rows[:cut]:
+        before += det.update(rec)
+    state = json.loads(json.dumps(det.state_dict(), allow_nan=False))  # plain JSON, no NaN
+    resumed = PhaseDetector()
+    resumed.load_state_dict(state)
+    assert resumed.phase == det.phase
+    after = []
+    phases = []
+    for rec in rows[cut:]:
+        after += resumed.update(rec)
+        phases.append(resumed.phase)
+    assert [a.to_dict() for a in before + after] == [a.to_dict() for a in full]
+    assert phases == full_phases[cut:]
+
+
+def test_load_state_dict_rejects_other_hyperparameters():
+    det = PhaseDetector(window_steps=50)
+    with pytest.raises(ValueError, match="other hyperparameters"):
+        PhaseDetector().load_state_dict(det.state_dict())
+
+
+def test_reset_forgets_everything():
+    run = make_run("collapse", seed=4)
+    a1, _, det = _replay(run.steps)
+    det.reset()
+    assert det.phase == "unknown" and det.signals_used == []
+    a2, _, _ = _replay(run.steps, det)
+    assert [a.to_dict() for a in a1] == [a.to_dict() for a in a2]
+
+
+def test_live_rows_and_replayed_rows_give_the_same_alerts():
+    # live: rows as the monitor builds them (missing keys absent, ints for step);
+    # replay: the same rows after a JSON round trip and a DataFrame (NaN for missing)
+    run = make_run("collapse", seed=31, log_every=2)
+    live_rows = [
+        {k: v for k, v in rec.items() if not (isinstance(v, float) and math.isnan(v))}
+        for rec in run.steps.to_dict("records")
+    ]
+    live = PhaseDetector()
+    live_alerts = [a for r in live_rows for a in live.update(r)]
+    replayed, _, _ = _replay(run.steps)
+    assert [a.to_dict() for a in live_alerts] == [a.to_dict() for a in replayed]
+
+
+def test_state_stays_bounded_over_a_long_run():
+    # O(1) memory: the state after 20k rows holds as many buffered pairs as after 2k rows
+    det = PhaseDetector()
+    sizes = []
+    for s in range(20_000):
+        det.update({C.STEP: s, C.REWARD_MEAN: 0.5, C.LOGP_CORRECT: -0.3, C.GRAD_NORM: 1.0})
+        if s in (1_999, 19_999):
+            state = det.state_dict()
+            sizes.append(sum(len(v["buf"]) for v in state["ols"].values()))
+    assert sizes[0] == sizes[1] <= 4 * 41
