@@ -1,0 +1,568 @@
+"""What the dashboard may read, and the live state of each run it shows.
+
+Reads only through ``lld_monitor.runlog`` (our run folders, incrementally),
+``lld_monitor.importers`` (foreign logs) and ``lld_monitor.analysis`` (phases, alerts). Every path
+it opens is either one the user named on the command line or one found under ROOT and checked to
+resolve inside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lld_monitor import columns as C
+from lld_monitor import runlog
+
+from .charts import Band, Marker
+
+#: File names and suffixes worth asking ``importers.detect_format`` about when scanning ROOT.
+FOREIGN_SUFFIXES: frozenset[str] = frozenset(
+    {".json", ".jsonl", ".csv", ".parquet", ".log", ".txt", ".md", ".ipynb", ".out"}
+)
+#: Scanning ROOT for foreign logs stops after this many candidate files (the listing says so).
+MAX_FOREIGN_CANDIDATES = 300
+#: Files larger than this are not sniffed while listing (they can still be named as a RUN).
+MAX_SNIFF_BYTES = 200_000_000
+#: Re-run the offline analysis when the run grew by this factor since the last analysis ...
+REANALYZE_GROWTH = 1.25
+#: ... or when the last analysis is older than this and rows were added since (seconds).
+REANALYZE_AFTER_S = 120.0
+_SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
+
+
+# --- command-line arguments of the app --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AppArgs:
+    """Arguments after ``--`` in ``streamlit run dashboard/app.py -- [ROOT | RUN ...]``."""
+
+    paths: tuple[Path, ...]
+    refresh_s: float = 3.0
+    stale_s: float = 60.0
+
+
+def parse_app_args(argv: Sequence[str]) -> AppArgs:
+    """Parse the app's own arguments; no path means the current folder as ROOT."""
+    parser = argparse.ArgumentParser(prog="dashboard/app.py", add_help=False)
+    parser.add_argument("paths", nargs="*")
+    parser.add_argument("--refresh", type=float, default=3.0)
+    parser.add_argument("--stale", type=float, default=60.0)
+    ns, _unknown = parser.parse_known_args(list(argv))
+    paths = tuple(Path(p) for p in ns.paths) or (Path.cwd(),)
+    return AppArgs(paths=paths, refresh_s=max(ns.refresh, 0.5), stale_s=max(ns.stale, 1.0))
+
+
+# --- what may be read -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """A run the dashboard may show: one of our run folders, or a foreign log file/folder."""
+
+    name: str  # label shown and used in ?run=...: path relative to ROOT, or the run's name
+    path: Path  # resolved, inside an allowed root
+    kind: str  # "run" | "foreign"
+    format: str = ""  # importers format name for foreign logs
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The runs the user allowed: all under one ROOT, or exactly the RUNs named."""
+
+    roots: tuple[Path, ...]  # resolved; in ROOT mode a single folder
+    targets: tuple[Target, ...]
+    root_mode: bool
+    problems: tuple[str, ...] = ()
+
+    def target(self, name: str) -> Target | None:
+        """The target called ``name``; in ROOT mode also a path below ROOT (checked to stay in)."""
+        for t in self.targets:
+            if t.name == name:
+                return t
+        if not self.root_mode or not name:
+            return None
+        root = self.roots[0]
+        candidate = resolve_inside(root, name)
+        if candidate is None:
+            return None
+        if runlog.is_run_dir(candidate):
+            return Target(_relative_name(candidate, root), candidate, "run")
+        return None
+
+
+def resolve_inside(root: Path, name: str) -> Path | None:
+    """``root / name`` resolved (symlinks followed); None when it leaves ``root`` or is absent."""
+    if "\x00" in name:
+        return None
+    try:
+        candidate = (root / name).resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    return candidate if candidate.is_relative_to(root) else None
+
+
+def _relative_name(path: Path, root: Path) -> str:
+    rel = path.relative_to(root).as_posix()
+    return rel if rel != "." else path.name
+
+
+def build_scope(paths: Sequence[Path]) -> Scope:
+    """ROOT mode for a single folder that is not itself a run; otherwise each path is a RUN."""
+    problems: list[str] = []
+    resolved: list[Path] = []
+    for p in paths:
+        try:
+            resolved.append(Path(p).resolve(strict=True))
+        except (OSError, RuntimeError):
+            problems.append(f"{p}: no such file or folder")
+    if len(resolved) == 1 and resolved[0].is_dir() and not runlog.is_run_dir(resolved[0]):
+        root = resolved[0]
+        targets, found_problems = discover(root)
+        return Scope((root,), tuple(targets), True, tuple(problems + found_problems))
+    targets = []
+    seen: set[str] = set()
+    for p in resolved:
+        name = p.name
+        if name in seen:  # two runs with the same folder name: use parent/name
+            name = f"{p.parent.name}/{p.name}"
+        seen.add(name)
+        kind = "run" if runlog.is_run_dir(p) else "foreign"
+        targets.append(Target(name, p, kind))
+    return Scope(tuple(resolved), tuple(targets), False, tuple(problems))
+
+
+def discover(root: Path) -> tuple[list[Target], list[str]]:
+    """Our runs under ``root`` (``runlog.find_runs``) and foreign logs the importers recognise."""
+    problems: list[str] = []
+    runs = [r.resolve() for r in runlog.find_runs(root)]
+    runs = [r for r in runs if r.is_relative_to(root)]  # a symlink out of ROOT is not followed
+    targets = [Target(_relative_name(r, root), r, "run") for r in runs]
+    run_set = set(runs)
+    candidates: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if here.resolve() in run_set:
+            dirnames[:] = []
+            continue
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS)
+        if any("tfevents" in f for f in filenames):
+            candidates.append(here)
+            dirnames[:] = []
+            continue
+        for f in sorted(filenames):
+            if Path(f).suffix.lower() in FOREIGN_SUFFIXES and not f.startswith("."):
+                candidates.append(here / f)
+        if len(candidates) > MAX_FOREIGN_CANDIDATES:
+            problems.append(
+                f"stopped looking for foreign logs after {MAX_FOREIGN_CANDIDATES} files; "
+                "pass the log you want as a RUN argument"
+            )
+            candidates = candidates[:MAX_FOREIGN_CANDIDATES]
+            break
+    for cand in candidates:
+        resolved = resolve_inside(root, cand.relative_to(root).as_posix())
+        if resolved is None or resolved == root:
+            continue
+        fmt = sniff_format(resolved)
+        if fmt is not None and fmt != "lld_run":
+            targets.append(Target(_relative_name(resolved, root), resolved, "foreign", fmt))
+    return targets, problems
+
+
+_SNIFF_CACHE: dict[tuple[str, float, int], str | None] = {}
+
+
+def sniff_format(path: Path) -> str | None:
+    """The importers' format name for ``path``, or None when it is not a log they read."""
+    from lld_monitor import importers
+
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    if path.is_file() and st.st_size > MAX_SNIFF_BYTES:
+        return None
+    key = (str(path), st.st_mtime, st.st_size)
+    if key not in _SNIFF_CACHE:
+        try:
+            _SNIFF_CACHE[key] = importers.detect_format(path)
+        except ValueError:  # importers.ImportFormatError: not a log of a known format
+            _SNIFF_CACHE[key] = None
+    return _SNIFF_CACHE[key]
+
+
+# --- growable step table ----------------------------------------------------------------------
+
+
+class ColumnStore:
+    """Step rows in growable float columns: appending m rows costs O(m) amortized, not O(rows).
+
+    ``frame()`` views the columns as a DataFrame without copying them.
+    """
+
+    def __init__(self) -> None:
+        self._cols: dict[str, np.ndarray] = {}
+        self._n = 0
+        self._cap = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def last_step(self) -> float:
+        """The step of the last row (-inf when empty)."""
+        if self._n == 0 or C.STEP not in self._cols:
+            return -math.inf
+        return float(self._cols[C.STEP][self._n - 1])
+
+    def append(self, rows: pd.DataFrame) -> None:
+        """Append ``rows`` (numeric columns; others become NaN) after the current ones."""
+        m = len(rows)
+        if m == 0:
+            return
+        if self._n + m > self._cap:
+            self._grow(max(2 * self._cap, self._n + m, 1024))
+        for col in rows.columns:
+            if col not in self._cols:
+                self._cols[col] = np.full(self._cap, np.nan)
+            values = pd.to_numeric(rows[col], errors="coerce").to_numpy(
+                dtype=float, na_value=np.nan
+            )
+            self._cols[col][self._n : self._n + m] = values
+        self._n += m
+
+    def _grow(self, capacity: int) -> None:
+        for col, arr in self._cols.items():
+            new = np.full(capacity, np.nan)
+            new[: self._n] = arr[: self._n]
+            self._cols[col] = new
+        self._cap = capacity
+
+    def frame(self) -> pd.DataFrame:
+        """The rows as a DataFrame, canonical columns first (a view: do not write to it)."""
+        order = [c for c in C.STEP_COLUMNS if c in self._cols]
+        order += sorted(c for c in self._cols if c not in order)
+        data = {c: self._cols[c][: self._n] for c in order}
+        if C.STEP in data:  # steps are integers; the one column copied
+            data[C.STEP] = data[C.STEP].astype(np.int64)
+        return pd.DataFrame(data, copy=False)
+
+    def replace(self, rows: pd.DataFrame) -> None:
+        """Drop every row and hold ``rows`` instead."""
+        self._cols, self._n, self._cap = {}, 0, 0
+        self.append(rows)
+
+
+# --- the live state of one run ------------------------------------------------------------------
+
+
+@dataclass
+class Header:
+    """The facts of a run's header line, ready to print."""
+
+    phase: str
+    phase_source: str
+    last_alert: str
+    llds: str
+    steps_seen: str
+    last_update: str
+    status: str
+    simulated: bool
+    source: str
+    signals_missing: tuple[str, ...] = ()
+
+
+@dataclass
+class LiveRun:
+    """One run as the dashboard follows it: rows read so far, events, analysis, status."""
+
+    target: Target
+    clock: Callable[[], float] = time.time
+    meta: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+    events: pd.DataFrame = field(default_factory=pd.DataFrame)
+    analysis: Any = None
+    analysis_error: str | None = None
+    closed: bool = False
+    _store: ColumnStore = field(default_factory=ColumnStore)
+    _reader: Any = None
+    _run: Any = None
+    _foreign_key: tuple[float, int] | None = None
+    _last_growth: float | None = None
+    _analysis_rows: int = 0
+    _analysis_time: float = 0.0
+    _frame: pd.DataFrame | None = None
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """Every step row read so far, sorted by step (canonical columns first)."""
+        if self._frame is None:
+            self._frame = self._store.frame()
+        return self._frame
+
+    @property
+    def n_rows(self) -> int:
+        return len(self._store)
+
+    def refresh(self) -> int:
+        """Read what was added since the last call; returns the number of new step rows."""
+        try:
+            if self.target.kind == "run":
+                added = self._refresh_run()
+            else:
+                added = self._refresh_foreign()
+        except (ValueError, OSError) as exc:  # RunFormatError / ImportFormatError are ValueErrors
+            self.error = _one_line(exc)
+            return 0
+        self.error = None
+        if added:
+            self._frame = None
+            self._last_growth = self.clock()
+        return added
+
+    def _refresh_run(self) -> int:
+        if self._reader is None:
+            self._reader = runlog.RunReader(self.target.path)
+            self.meta = dict(self._reader.meta)
+            # tokens and file times through the public Run API, without re-reading the steps
+            self._run = runlog.Run(self.target.path, self.meta, pd.DataFrame(), pd.DataFrame())
+        new_steps = self._reader.read_steps()
+        new_events = self._reader.read_events()
+        if len(new_events):
+            frames = [f for f in (self.events, new_events) if len(f)]
+            self.events = pd.concat(frames, ignore_index=True) if len(frames) > 1 else new_events
+        self.closed = bool(self._reader.finished)
+        skipped = sum(self._reader.skipped_lines.values())
+        self.notes = (
+            [f"skipped {skipped} garbled or torn line(s) in the run log"] if skipped else []
+        )
+        return self._append(new_steps)
+
+    def _append(self, new_steps: pd.DataFrame) -> int:
+        if new_steps.empty or C.STEP not in new_steps:
+            return 0
+        steps = pd.to_numeric(new_steps[C.STEP], errors="coerce").to_numpy(dtype=float)
+        in_order = bool(np.all(np.diff(steps) > 0)) and steps[0] > self._store.last_step
+        if in_order:
+            self._store.append(new_steps)
+        else:  # a rewritten or resumed step: the last row of a step wins, as in runlog.load_run
+            merged = pd.concat([self.steps, new_steps], ignore_index=True)
+            merged = merged.drop_duplicates(subset=C.STEP, keep="last").sort_values(C.STEP)
+            self._store.replace(merged.reset_index(drop=True))
+        return len(new_steps)
+
+    def _refresh_foreign(self) -> int:
+        from lld_monitor import importers
+
+        key = _stat_key(self.target.path)
+        if key == self._foreign_key:
+            return 0
+        table = importers.load_table(self.target.path)
+        self._foreign_key = key
+        self.meta = {
+            "source_format": table.attrs.get("source_format", self.target.format),
+            "unmapped_columns": list(table.attrs.get("unmapped_columns", [])),
+        }
+        before = self._store.last_step
+        self._store.replace(table)
+        steps = table[C.STEP].to_numpy(dtype=float) if C.STEP in table else np.array([])
+        return int((steps > before).sum()) if len(self._store) else 0
+
+    # --- status ----------------------------------------------------------------------------
+
+    def last_write_time(self) -> float | None:
+        """UNIX time of the last write to the run's step log (or foreign log file)."""
+        try:
+            if self._run is not None:
+                return float(self._run.last_modified)
+            return _stat_key(self.target.path)[0]
+        except OSError:
+            return None
+
+    def status(self, stale_s: float) -> str:
+        """``live``, ``finished`` (the writer closed the run) or ``finished (stopped growing)``."""
+        if self.closed:
+            return "finished"
+        last = self.last_write_time()
+        if last is not None and self.clock() - last > stale_s:
+            return "finished (stopped growing)"
+        return "live"
+
+    # --- analysis --------------------------------------------------------------------------
+
+    def ensure_analysis(self, *, force: bool = False, finished: bool = False) -> None:
+        """Run ``analyze_run`` when missing, forced, much grown, old, or the run just finished.
+
+        Skipping most refreshes keeps a refresh's cost independent of the run's length; the
+        run's own event log (alerts and phases the live monitor wrote) covers the rows since.
+        """
+        n = self.n_rows
+        if n == 0:
+            return
+        grown = n >= self._analysis_rows * REANALYZE_GROWTH
+        old = n > self._analysis_rows and self.clock() - self._analysis_time > REANALYZE_AFTER_S
+        done = finished and n != self._analysis_rows
+        first = self._analysis_time == 0.0
+        if not (force or first or grown or old or done):
+            return
+        try:
+            from lld_monitor.analysis import analyze_run
+
+            self.analysis = analyze_run(self.steps)
+            self.analysis_error = None
+        except ImportError as exc:
+            self.analysis_error = f"the analyzer is not available ({_one_line(exc)})"
+        except (ValueError, KeyError, TypeError) as exc:
+            self.analysis_error = f"analysis failed: {_one_line(exc)}"
+        self._analysis_rows = n
+        self._analysis_time = self.clock()
+
+    # --- what to draw ----------------------------------------------------------------------
+
+    def bands(self) -> tuple[Band, ...]:
+        """Phase segments of the offline analysis, extended by phase events logged after it."""
+        out: list[Band] = []
+        covered = -math.inf
+        for seg in getattr(self.analysis, "phases", None) or ():
+            out.append(Band(str(seg.phase), float(seg.start_step), float(seg.end_step)))
+            covered = max(covered, float(seg.end_step))
+        last_step = self._store.last_step
+        later = [e for e in self._event_records("phase") if e["step"] > covered]
+        for i, ev in enumerate(later):
+            end = later[i + 1]["step"] if i + 1 < len(later) else last_step
+            out.append(Band(ev["kind"], ev["step"], max(end, ev["step"])))
+        return tuple(out)
+
+    def markers(self) -> tuple[Marker, ...]:
+        """Logged events (alerts, interventions, phases, errors) plus analyzer alerts not logged."""
+        logged = [
+            Marker(e["step"], e["type"], e["kind"], e["severity"], e["message"], "run log")
+            for e in self._event_records(None)
+            if e["type"] != "lifecycle"
+        ]
+        seen = {(m.step, m.kind) for m in logged if m.type == "alert"}
+        for a in getattr(self.analysis, "alerts", None) or ():
+            if (float(a.step), a.kind) not in seen:
+                logged.append(
+                    Marker(float(a.step), "alert", a.kind, a.severity, a.message, "analyzer")
+                )
+        return tuple(sorted(logged, key=lambda m: m.step))
+
+    def _event_records(self, event_type: str | None) -> list[dict[str, Any]]:
+        ev = self.events
+        if ev.empty or C.EVENT_TYPE not in ev or C.EVENT_STEP not in ev:
+            return []
+        if event_type is not None:
+            ev = ev[ev[C.EVENT_TYPE] == event_type]
+        out = []
+        for rec in ev.to_dict("records"):
+            step = rec.get(C.EVENT_STEP)
+            if step is None or pd.isna(step):
+                continue
+            out.append(
+                {
+                    "step": float(step),
+                    "type": str(rec.get(C.EVENT_TYPE, "")),
+                    "kind": str(rec.get(C.EVENT_KIND, "")),
+                    "severity": str(rec.get(C.EVENT_SEVERITY) or "info"),
+                    "message": str(rec.get(C.EVENT_MESSAGE) or ""),
+                }
+            )
+        return out
+
+    def header(self, stale_s: float) -> Header:
+        """The run's header facts (phase, last alert, LLDS, steps, last update, status)."""
+        phase, phase_source = "unknown", "no analysis yet"
+        segs = getattr(self.analysis, "phases", None) or ()
+        if segs:
+            phase, phase_source = str(segs[-1].phase), "offline analysis"
+        covered = float(segs[-1].end_step) if segs else -math.inf
+        live_phases = [e for e in self._event_records("phase") if e["step"] > covered]
+        if live_phases:
+            phase, phase_source = live_phases[-1]["kind"], "run log"
+        if self.analysis_error:
+            phase_source = self.analysis_error
+        alerts = [m for m in self.markers() if m.type == "alert"]
+        last_alert = "none"
+        if alerts:
+            a = alerts[-1]
+            last_alert = f"{a.kind} ({a.severity}) at step {a.step:g}: {a.message}"
+        steps = self.steps
+        n = len(steps)
+        steps_seen = f"{n} rows" + (f", last step {int(steps[C.STEP].iloc[-1])}" if n else "")
+        last = self.last_write_time()
+        last_update = "never" if last is None else _format_time(last, self.clock())
+        fmt = self.meta.get("source_format") or self.target.format or "imported"
+        source = "lld_monitor run" if self.target.kind == "run" else f"foreign log ({fmt})"
+        return Header(
+            phase=phase,
+            phase_source=phase_source,
+            last_alert=last_alert,
+            llds=self._llds_text(),
+            steps_seen=steps_seen,
+            last_update=last_update,
+            status=self.status(stale_s),
+            simulated=bool(self.meta.get("simulated")),
+            source=source,
+            signals_missing=tuple(getattr(self.analysis, "signals_missing", None) or ()),
+        )
+
+    def _llds_text(self) -> str:
+        steps = self.steps
+        if C.LLDS_ENABLED not in steps or steps[C.LLDS_ENABLED].notna().sum() == 0:
+            return "not logged"
+        enabled = steps[C.LLDS_ENABLED].dropna().iloc[-1]
+        if not enabled:
+            return "off"
+        lam = steps[C.LLDS_LAMBDA].dropna() if C.LLDS_LAMBDA in steps else pd.Series(dtype=float)
+        return f"on, λ = {lam.iloc[-1]:g}" if len(lam) else "on"
+
+    # --- drill-down ------------------------------------------------------------------------
+
+    def token_steps(self) -> list[int]:
+        """Steps with token samples (our runs only)."""
+        if self._run is None:
+            return []
+        return list(self._run.token_steps())
+
+    def tokens(self, step: int) -> pd.DataFrame:
+        """The token samples of ``step`` (columns.TOKEN_COLUMNS)."""
+        if self._run is None:
+            return pd.DataFrame(columns=list(C.TOKEN_COLUMNS))
+        return self._run.tokens(step)
+
+
+def _stat_key(path: Path) -> tuple[float, int]:
+    """(latest mtime, total size) of a file, or of the files in a folder (TensorBoard)."""
+    if path.is_dir():
+        stats = [p.stat() for p in path.rglob("*") if p.is_file()]
+        return (max((s.st_mtime for s in stats), default=0.0), sum(s.st_size for s in stats))
+    st = path.stat()
+    return st.st_mtime, st.st_size
+
+
+def _format_time(t: float, now: float) -> str:
+    ago = max(now - t, 0.0)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    if ago < 120:
+        return f"{stamp} ({ago:.0f} s ago)"
+    if ago < 7200:
+        return f"{stamp} ({ago / 60:.0f} min ago)"
+    return f"{stamp} ({ago / 3600:.1f} h ago)"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

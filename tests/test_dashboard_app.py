@@ -1,0 +1,446 @@
+"""The dashboard through Streamlit's AppTest on real run folders written by RunWriter.
+
+Also the dashboard's pure helpers (decimation, EMA, token HTML, path checks) and the
+``lld-monitor dashboard`` command's argument handling. The browser test is separate.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lld_monitor import columns as C
+from lld_monitor.events import make_event
+from lld_monitor.runlog import RunWriter
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest
+
+from dashboard import charts, sources
+from dashboard import tokens as tok
+
+APP = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+TIMEOUT = 60
+
+# --- fixtures: real run folders -----------------------------------------------------------------
+
+
+def step_row(s: int) -> dict[str, float]:
+    """A deterministic step row: reward rises, logp of correct responses falls slowly."""
+    return {
+        C.STEP: s,
+        C.REWARD_MEAN: 0.2 + 0.005 * s,
+        C.ACCURACY: 0.1 + 0.005 * s,
+        C.LOGP_CORRECT: -0.5 - 0.01 * s,
+        C.LOGP_INCORRECT: -0.9 - 0.01 * s,
+        C.DELTA_CORRECT: -0.01 * (s % 3),
+        C.DELTA_INCORRECT: -0.02,
+        C.FRAC_CORRECT_DISPLACED: 0.3 + 0.004 * s,
+        C.GRAD_NORM: 1.0 + 0.1 * s,
+        C.ENTROPY: 0.8,
+        C.LLDS_ENABLED: 1 if s >= 20 else 0,
+        C.LLDS_LAMBDA: 0.2 if s >= 20 else 0.0,
+        C.LLDS_LOSS: 0.01 if s >= 20 else 0.0,
+    }
+
+
+#: One response of step 40: a search action, tool feedback holding markup, an answer action.
+#: Change of its generated tokens: -0.5 + 0.25 + (-1.0) = -1.25 (tool feedback has none).
+TOKENS_40 = [
+    # (text, action, generated, delta)
+    ("<search>", 0, 1, -0.5),
+    ("who", 0, 1, 0.25),
+    ("<script>alert(1)</script>", -1, 0, math.nan),
+    ("<answer>", 1, 1, -1.0),
+]
+
+
+def write_run(
+    path: Path, n_steps: int, *, simulated: bool = False, close: bool = True
+) -> RunWriter:
+    """A run folder with ``n_steps`` rows, one alert, one intervention, token samples at step 40."""
+    w = RunWriter(path, meta={"simulated": simulated} if simulated else None)
+    for s in range(n_steps):
+        w.log_step(step_row(s))
+    if n_steps > 30:
+        w.log_event(
+            make_event("alert", 30, "decay", "logp of *correct* fell <0.3> nats", "warning")
+        )
+        w.log_event(make_event("intervention", 31, "llds_on", "LLDS switched on, lambda 0.2"))
+    if n_steps > 40:
+        rows = [
+            {
+                C.TOK_RESPONSE: 0,
+                C.TOK_POSITION: i,
+                C.TOK_TOKEN_ID: 100 + i,
+                C.TOK_TEXT: text,
+                C.TOK_ACTION: action,
+                C.TOK_GENERATED: gen,
+                C.TOK_LOGP_OLD: -1.0,
+                C.TOK_DELTA: delta,
+                C.TOK_REWARD: 1.0,
+                C.TOK_ADVANTAGE: 0.8,
+                C.TOK_CORRECT: 1,
+            }
+            for i, (text, action, gen, delta) in enumerate(TOKENS_40)
+        ]
+        w.log_tokens(rows, step=40)
+    if close:
+        w.close()
+    return w
+
+
+def make_app(monkeypatch: pytest.MonkeyPatch, *paths: Path, query: str | None = None) -> AppTest:
+    monkeypatch.setattr(sys, "argv", ["app.py", *map(str, paths)])
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    if query is not None:
+        at.query_params["run"] = query
+    return at
+
+
+def all_text(at: AppTest) -> str:
+    parts = [m.value for m in at.markdown] + [c.value for c in at.caption]
+    parts += (
+        [e.value for e in at.info] + [e.value for e in at.warning] + [e.value for e in at.error]
+    )
+    return "\n".join(parts)
+
+
+def step_slider(at: AppTest):
+    return next(s for s in at.slider if s.label.startswith("Step range"))
+
+
+def arr(value: object) -> np.ndarray:
+    """A plotly JSON array: a list, or a typed array ``{"dtype": ..., "bdata": base64}``."""
+    if isinstance(value, dict):
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+    return np.asarray(value)
+
+
+def chart_spec(at: AppTest) -> dict:
+    charts_ = at.get("plotly_chart")
+    assert len(charts_) == 1
+    return json.loads(charts_[0].proto.spec)
+
+
+# --- the app --------------------------------------------------------------------------------------
+
+
+def test_empty_root_says_how_runs_appear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    assert len(at.info) == 1
+    assert "No runs found under" in at.info[0].value
+    assert "LLDMonitor" in at.info[0].value
+    assert not at.get("plotly_chart")
+
+
+def test_run_renders_header_charts_widgets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_run(tmp_path / "exp1", 50, simulated=True)
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    text = all_text(at)
+    assert "SIMULATED" in text
+    assert "finished" in text  # the writer closed the run
+    assert "50 rows, last step 49" in text
+    assert "on, λ = 0\\.2" in text  # last row: LLDS on with lambda 0.2 (Markdown-escaped)
+    # the alert's message, escaped so that Markdown does not eat the asterisks or the <...>
+    assert "logp of \\*correct\\* fell \\<0\\.3\\> nats" in text
+    assert at.multiselect[0].options == ["exp1"]
+    assert at.multiselect[0].value == ["exp1"]
+    assert step_slider(at).value == (0, 49)
+    spec = chart_spec(at)
+    names = {d.get("name") for d in spec["data"]}
+    assert f"exp1 · {C.REWARD_MEAN}" in names
+    assert f"exp1 · {C.FRAC_CORRECT_DISPLACED}" in names
+    assert "exp1 · events" in names
+    events = next(d for d in spec["data"] if d.get("name") == "exp1 · events")
+    assert events["x"] == [30.0, 31.0]
+    assert "LLDS switched on" in events["text"][1]
+    # the 50% line of the displaced-share panel is drawn
+    assert any(s.get("y0") == 0.5 and s.get("y1") == 0.5 for s in spec["layout"]["shapes"])
+    assert at.get("download_button")[0].proto.label == "Download CSV"
+
+
+def test_drilldown_shows_escaped_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_run(tmp_path / "exp1", 50)
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    html = "\n".join(h.proto.body for h in at.html)
+    assert "&lt;search&gt;" in html and "&lt;answer&gt;" in html
+    assert "<script>" not in html  # the tool feedback's markup is text, not markup
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "lld-tool" in html and ">A0<" in html and ">A1<" in html
+    table = at.dataframe[0].value
+    assert table["change (shown tokens)"].iloc[0] == pytest.approx(-1.25)
+    assert table[C.TOK_ADVANTAGE].iloc[0] == pytest.approx(0.8)
+    assert at.selectbox(key="lld_drill_step:exp1").value == 40
+
+
+def test_new_rows_appear_and_range_survives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = write_run(tmp_path / "live", 30, close=False)
+    at = make_app(monkeypatch, tmp_path).run()
+    assert "30 rows, last step 29" in all_text(at)
+    assert ":green-background[live]" in all_text(at)
+    slider = step_slider(at)
+    assert slider.value == (0, 29)
+    for s in range(30, 40):
+        w.log_step(step_row(s))
+    at.run()
+    assert "40 rows, last step 39" in all_text(at)
+    slider = step_slider(at)
+    assert slider.value == (0, 39)  # reached the last step: follows it
+    slider.set_value((5, 20)).run()
+    for s in range(40, 45):
+        w.log_step(step_row(s))
+    at.run()
+    assert "45 rows, last step 44" in all_text(at)
+    slider = step_slider(at)
+    assert slider.value == (5, 20)  # a chosen range survives the refresh
+    spec = chart_spec(at)
+    reward = next(d for d in spec["data"] if d.get("name") == f"live · {C.REWARD_MEAN} (raw)")
+    assert arr(reward["x"]).min() == 5 and arr(reward["x"]).max() == 20
+    w.close()
+    at.run()
+    assert ":gray-background[finished]" in all_text(at)
+    assert not at.exception
+
+
+def test_torn_last_line_is_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_run(tmp_path / "torn", 10, close=False)
+    with open(tmp_path / "torn" / "steps.jsonl", "ab") as f:
+        f.write(b'{"step": 10, "reward_me')  # a writer killed mid-line
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    assert "10 rows, last step 9" in all_text(at)
+
+
+def test_unreadable_runs_get_a_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "meta.json").write_text("{not json")
+    (bad / "steps.jsonl").write_text("")
+    future = tmp_path / "future"
+    future.mkdir()
+    (future / "meta.json").write_text(json.dumps({"schema_version": 99}))
+    (future / "steps.jsonl").write_text("")
+    starting = tmp_path / "starting"
+    write_run(starting, 0, close=False)
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    at.multiselect[0].set_value(["bad", "future", "starting"]).run()
+    assert not at.exception
+    errors = "\n".join(e.value for e in at.error)
+    assert "bad" in errors and "unreadable run metadata" in errors
+    assert "future" in errors and "schema version 99" in errors
+    assert any("no steps logged yet" in i.value for i in at.info)
+
+
+def test_partial_folder_named_as_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "meta.json").write_text(json.dumps({"schema_version": 1}))  # no steps.jsonl yet
+    at = make_app(monkeypatch, partial).run()
+    assert not at.exception
+    assert len(at.error) == 1
+    assert "partial" in at.error[0].value
+
+
+def test_foreign_log_is_listed_and_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = {
+        "global_step": 3,
+        "log_history": [
+            {"step": 1, "reward": 0.1, "grad_norm": 1.0, "entropy": 0.9, "loss": 0.0},
+            {"step": 2, "reward": 0.2, "grad_norm": 1.5, "entropy": 0.8, "loss": 0.0},
+            {"step": 3, "reward": 0.4, "grad_norm": 2.0, "entropy": 0.7, "loss": 0.0},
+        ],
+    }
+    (tmp_path / "trl").mkdir()
+    (tmp_path / "trl" / "trainer_state.json").write_text(json.dumps(state))
+    (tmp_path / "notes.txt").write_text("just some notes, not a log\n")
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    assert at.multiselect[0].options == ["trl/trainer_state.json"]
+    text = all_text(at)
+    assert "foreign log \\(trl\\_trainer\\_state\\)" in text
+    assert "3 rows, last step 3" in text
+    spec = chart_spec(at)
+    reward = next(
+        d for d in spec["data"] if d.get("name") == f"trl/trainer_state.json · {C.REWARD_MEAN}"
+    )
+    assert arr(reward["x"]).tolist() == [1.0, 2.0, 3.0]
+    notes = [a["text"] for a in spec["layout"]["annotations"]]
+    assert "not logged by the selected run(s)" in notes  # no LLD columns in a TRL log
+    assert any("foreign logs carry none" in i.value for i in at.info)
+
+
+def test_garbage_file_named_as_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    junk = tmp_path / "junk.csv"
+    junk.write_text("a,b\nx,y\n")
+    at = make_app(monkeypatch, junk).run()
+    assert not at.exception
+    assert len(at.error) == 1
+    assert "junk\\.csv" in at.error[0].value and "unknown format" in at.error[0].value
+
+
+def test_query_string_cannot_leave_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "root"
+    write_run(root / "inside", 5)
+    write_run(tmp_path / "outside", 5)  # a real run, but not under ROOT
+    (root / "link").symlink_to(tmp_path / "outside")  # nor through a symlink
+    at = make_app(monkeypatch, root, query="../outside").run()
+    assert not at.exception
+    assert at.multiselect[0].options == ["inside"]
+    assert any("Ignored" in w.value and "outside" in w.value for w in at.warning)
+    assert "outside" not in json.dumps(at.session_state["lld_selected"])
+    at2 = make_app(monkeypatch, root, query="link").run()
+    assert any("Ignored" in w.value for w in at2.warning)
+    assert at2.multiselect[0].options == ["inside"]
+    at3 = make_app(monkeypatch, root, query="inside").run()
+    assert at3.multiselect[0].value == ["inside"]
+    assert not at3.warning
+
+
+def test_two_runs_overlaid_with_a_legend_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_run(tmp_path / "vanilla", 20)
+    write_run(tmp_path / "llds", 25)
+    at = make_app(monkeypatch, tmp_path).run()
+    at.multiselect[0].set_value(["llds", "vanilla"]).run()
+    assert not at.exception
+    spec = chart_spec(at)
+    groups = {d.get("legendgroup") for d in spec["data"]}
+    assert {"llds", "vanilla"} <= groups
+    colors = {d["legendgroup"]: d["line"]["color"] for d in spec["data"] if "line" in d}
+    assert colors["llds"] != colors["vanilla"]
+    assert step_slider(at).value == (0, 24)
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+
+def test_ema_by_hand() -> None:
+    # w = 0.5: s0 = 1; s1 = 0.5*1 + 0.5*3 = 2; NaN kept as NaN; s3 = 0.5*2 + 0.5*6 = 4
+    out = charts.ema(np.array([1.0, 3.0, np.nan, 6.0]), 0.5)
+    assert out[0] == 1.0 and out[1] == 2.0 and math.isnan(out[2]) and out[3] == 4.0
+    with pytest.raises(ValueError, match="EMA weight"):
+        charts.ema(np.array([1.0]), 1.0)
+
+
+def test_decimate_keeps_spikes_and_ends() -> None:
+    x = np.arange(10_000, dtype=float)
+    y = np.zeros(10_000)
+    y[1234] = 50.0  # a grad-norm spike
+    y[7777] = -3.0  # a dip
+    xs, ys = charts.decimate(x, y, 200)
+    assert len(xs) <= 202
+    assert 1234.0 in xs and 7777.0 in xs and xs[0] == 0.0 and xs[-1] == 9999.0
+    assert ys.max() == 50.0 and ys.min() == -3.0
+    assert np.all(np.diff(xs) > 0)
+
+
+def test_slice_steps_inclusive() -> None:
+    df = pd.DataFrame({C.STEP: [0, 2, 4, 6, 8]})
+    assert charts.slice_steps(df, (2, 6))[C.STEP].tolist() == [2, 4, 6]
+
+
+def test_token_colours_and_escaping() -> None:
+    assert tok.delta_color(-1.0, 1.0) == "rgba(214,39,40,0.85)"  # fell: red, saturated
+    assert tok.delta_color(0.5, 1.0) == "rgba(44,160,44,0.42)"  # rose: green, 0.5 * 0.85 = 0.425
+    assert tok.delta_color(float("nan"), 1.0) == "transparent"
+    rows = pd.DataFrame(
+        {
+            C.TOK_POSITION: [1, 0],
+            C.TOK_TEXT: ['"x" & y', "<b>"],
+            C.TOK_ACTION: [0, 0],
+            C.TOK_GENERATED: [1, 1],
+            C.TOK_DELTA: [-0.1, 0.1],
+        }
+    )
+    html = tok.render_tokens_html(rows)
+    assert html.index("&lt;b&gt;") < html.index("&quot;x&quot; &amp; y")  # sorted by position
+
+
+def test_column_store_appends_without_losing_rows() -> None:
+    store = sources.ColumnStore()
+    store.append(pd.DataFrame({C.STEP: [0, 1], C.REWARD_MEAN: [0.1, 0.2]}))
+    store.append(pd.DataFrame({C.STEP: [2], C.GRAD_NORM: [3.0]}))
+    frame = store.frame()
+    assert frame[C.STEP].tolist() == [0, 1, 2]
+    assert frame[C.REWARD_MEAN].tolist()[:2] == [0.1, 0.2] and math.isnan(frame[C.REWARD_MEAN][2])
+    assert math.isnan(frame[C.GRAD_NORM][0]) and frame[C.GRAD_NORM][2] == 3.0
+
+
+def test_resolve_inside_refuses_escapes(tmp_path: Path) -> None:
+    (tmp_path / "root" / "a").mkdir(parents=True)
+    (tmp_path / "secret").mkdir()
+    root = (tmp_path / "root").resolve()
+    assert sources.resolve_inside(root, "a") == root / "a"
+    assert sources.resolve_inside(root, "../secret") is None
+    assert sources.resolve_inside(root, str(tmp_path / "secret")) is None  # absolute path
+    assert sources.resolve_inside(root, "missing") is None
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def test_command_defaults_to_loopback(tmp_path: Path) -> None:
+    from lld_monitor.cli import build_parser
+    from lld_monitor.commands import dashboard as cmd
+
+    args = build_parser().parse_args(["dashboard", str(tmp_path)])
+    line = cmd.build_command(args, cmd.find_app())
+    assert line[line.index("--server.address") + 1] == "127.0.0.1"
+    assert line[line.index("--server.port") + 1] == "8501"
+    assert line[line.index("--") + 1] == str(tmp_path.resolve())
+    assert cmd.find_app() == APP
+    assert cmd.is_loopback("127.0.0.2") and cmd.is_loopback("::1")
+    assert not cmd.is_loopback("0.0.0.0") and not cmd.is_loopback("example.org")
+
+
+def test_command_rejects_missing_paths_and_bad_port(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lld_monitor.cli import build_parser, main
+
+    assert main(["dashboard", str(tmp_path / "nope")]) == 2
+    assert "no such run or folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["dashboard", "--port", "70000"])
+
+
+def test_command_warns_on_other_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import subprocess
+
+    from lld_monitor.cli import main
+
+    launched: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd: launched.append(cmd) or 0)
+    assert main(["dashboard", str(tmp_path), "--host", "0.0.0.0", "--port", "8600"]) == 0
+    assert "WARNING" in capsys.readouterr().err
+    assert launched and launched[0][launched[0].index("--server.address") + 1] == "0.0.0.0"
+    assert main(["dashboard", str(tmp_path)]) == 0
+    assert "WARNING" not in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")
+def test_discover_skips_symlinks_out_of_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    write_run(root / "a", 3)
+    write_run(tmp_path / "elsewhere", 3)
+    (root / "b").symlink_to(tmp_path / "elsewhere")
+    scope = sources.build_scope([root])
+    assert [t.name for t in scope.targets] == ["a"]
