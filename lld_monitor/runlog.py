@@ -110,6 +110,20 @@ def _plain(value: Any, where: str, *, lenient: bool = False) -> Any:
     )
 
 
+def _plain_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A step row as plain JSON values; the common types take a fast path."""
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        kind = type(value)
+        if kind is float:
+            out[str(key)] = value if math.isfinite(value) else None
+        elif kind is int or kind is str or value is None:
+            out[str(key)] = value
+        else:
+            out[str(key)] = _plain(value, str(key))
+    return out
+
+
 def _dumps(obj: Mapping[str, Any]) -> bytes:
     return (json.dumps(obj, allow_nan=False, separators=(",", ":")) + "\n").encode("utf-8")
 
@@ -351,7 +365,7 @@ class RunWriter:
             raise ValueError(
                 f"log_step needs a {C.STEP!r} key (the optimizer step); got keys {sorted(row)[:8]}"
             )
-        record = {str(k): _plain(v, str(k)) for k, v in row.items()}
+        record = _plain_row(row)
         record[C.STEP] = _as_step(record[C.STEP])
         if record.get(C.TIME) is None:
             record[C.TIME] = time.time()
@@ -544,6 +558,32 @@ def _parse_lines(data: bytes, *, final: bool) -> tuple[list[dict[str, Any]], int
     return records, garbled, consumed
 
 
+def _fast_steps(data: bytes) -> pd.DataFrame | None:
+    """Parse whole step lines with pyarrow's JSON reader; None when the careful path is needed.
+
+    Falls back (None) on any garbled line, a complete last line without newline, a missing or
+    non-integer step, or nested values, so both paths give the same frame.
+    """
+    end = data.rfind(b"\n") + 1
+    if end == 0 or data[end:].strip():
+        return None
+    import pyarrow as pa
+    import pyarrow.json as pa_json
+
+    try:
+        table = pa_json.read_json(io.BytesIO(data[:end]))
+    except pa.ArrowInvalid:
+        return None
+    if C.STEP not in table.column_names:
+        return None
+    step = table.column(C.STEP)
+    if step.type != pa.int64() or step.null_count:
+        return None
+    if any(pa.types.is_nested(f.type) for f in table.schema):
+        return None
+    return table.to_pandas()
+
+
 def _numeric_columns(frame: pd.DataFrame) -> pd.DataFrame:
     """Turn all-number object columns (numbers mixed with nulls) into floats with NaN."""
     for col in frame.columns:
@@ -555,16 +595,21 @@ def _numeric_columns(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def _steps_frame(records: list[dict[str, Any]]) -> tuple[pd.DataFrame, int]:
+def _steps_frame(records: list[dict[str, Any]] | pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """Step records as a DataFrame (canonical columns first); returns (frame, rows without step)."""
-    good = [r for r in records if _valid_step(r.get(C.STEP))]
-    if not good:
-        return pd.DataFrame({C.STEP: pd.Series([], dtype="int64")}), len(records)
-    frame = _numeric_columns(pd.DataFrame.from_records(good))
+    if isinstance(records, pd.DataFrame):
+        good, n_bad = records, 0
+    else:
+        kept = [r for r in records if _valid_step(r.get(C.STEP))]
+        good, n_bad = kept, len(records) - len(kept)
+    if len(good) == 0:
+        return pd.DataFrame({C.STEP: pd.Series([], dtype="int64")}), n_bad
+    frame = good if isinstance(good, pd.DataFrame) else pd.DataFrame.from_records(good)
+    frame = _numeric_columns(frame)
     frame[C.STEP] = frame[C.STEP].astype("int64")
     ordered = [c for c in C.STEP_COLUMNS if c in frame.columns]
     frame = frame[ordered + [c for c in frame.columns if c not in ordered]]
-    return frame, len(records) - len(good)
+    return frame, n_bad
 
 
 def _valid_step(value: Any) -> bool:
@@ -643,6 +688,18 @@ def _read_jsonl(file: Path) -> tuple[list[dict[str, Any]], int]:
     return records, garbled
 
 
+def _parse_steps(data: bytes, *, final: bool) -> tuple[pd.DataFrame, int, int]:
+    """Step lines as a frame: (frame, skipped lines, bytes consumed); fast path when clean."""
+    end = data.rfind(b"\n") + 1
+    fast = _fast_steps(data[:end]) if end and (not final or not data[end:].strip()) else None
+    if fast is not None:
+        frame, _ = _steps_frame(fast)
+        return frame, 0, end if not final else len(data)
+    records, garbled, consumed = _parse_lines(data, final=final)
+    frame, no_step = _steps_frame(records)
+    return frame, garbled + no_step, consumed
+
+
 def load_run(path: str | os.PathLike[str] | Run) -> Run:
     """Load a run folder; torn/garbled lines are skipped; a repeated step keeps its last row."""
     if isinstance(path, Run):
@@ -651,14 +708,13 @@ def load_run(path: str | os.PathLike[str] | Run) -> Run:
     _check_run_dir(run_path)
     meta = _read_meta(run_path)
     closed = _read_closed(run_path)  # read before the steps: closed + steps => all steps seen
-    step_records, steps_garbled = _read_jsonl(run_path / STEPS_FILE)
-    steps, no_step = _steps_frame(step_records)
+    steps, steps_skipped, _ = _parse_steps((run_path / STEPS_FILE).read_bytes(), final=True)
     if len(steps):
         steps = steps.drop_duplicates(subset=C.STEP, keep="last")
         steps = steps.sort_values(C.STEP, kind="stable").reset_index(drop=True)
     event_records, events_garbled = _read_jsonl(run_path / EVENTS_FILE)
     events = _events_frame(event_records)
-    skipped = {STEPS_FILE: steps_garbled + no_step, EVENTS_FILE: events_garbled}
+    skipped = {STEPS_FILE: steps_skipped, EVENTS_FILE: events_garbled}
     _warn_skipped(run_path, skipped)
     return Run(run_path, meta, steps, events, closed, skipped)
 
@@ -691,34 +747,38 @@ class RunReader:
         closed = _read_closed(self.path)
         return bool(closed and closed.get("closed"))
 
-    def _read_new(self, name: str) -> list[dict[str, Any]]:
+    def _read_new(self, name: str) -> tuple[bytes, int]:
+        """Bytes appended to ``name`` since the last read, and the offset they start at."""
         file = self.path / name
         try:
             st = file.stat()
         except FileNotFoundError:
-            return []
+            return b"", 0
         offset = self._offsets[name]
         if self._inodes.get(name, st.st_ino) != st.st_ino or st.st_size < offset:
             warnings.warn(f"{file} was replaced; reading it from the start", RuntimeWarning, 2)
             offset = 0
         self._inodes[name] = st.st_ino
         if st.st_size == offset:
-            return []
+            return b"", offset
         with open(file, "rb") as f:
             f.seek(offset)
-            data = f.read()
-        records, garbled, consumed = _parse_lines(data, final=False)
-        self._offsets[name] = offset + consumed
-        self.skipped_lines[name] += garbled
-        return records
+            return f.read(), offset
 
     def read_steps(self) -> pd.DataFrame:
         """Step rows appended since the last call, in write order (empty frame when none)."""
-        records = self._read_new(STEPS_FILE)
-        frame, no_step = _steps_frame(records)
-        self.skipped_lines[STEPS_FILE] += no_step
+        data, offset = self._read_new(STEPS_FILE)
+        if not data:
+            return pd.DataFrame({C.STEP: pd.Series([], dtype="int64")})
+        frame, skipped, consumed = _parse_steps(data, final=False)
+        self._offsets[STEPS_FILE] = offset + consumed
+        self.skipped_lines[STEPS_FILE] += skipped
         return frame.reset_index(drop=True)
 
     def read_events(self) -> pd.DataFrame:
         """Events appended since the last call, in write order."""
-        return _events_frame(self._read_new(EVENTS_FILE))
+        data, offset = self._read_new(EVENTS_FILE)
+        records, garbled, consumed = _parse_lines(data, final=False)
+        self._offsets[EVENTS_FILE] = offset + consumed
+        self.skipped_lines[EVENTS_FILE] += garbled
+        return _events_frame(records)

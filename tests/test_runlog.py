@@ -26,6 +26,7 @@ from lld_monitor.runlog import (
     RunFormatError,
     RunReader,
     RunWriter,
+    _fast_steps,
     find_runs,
     is_run_dir,
     load_run,
@@ -388,3 +389,29 @@ def test_run_format_doc_names_every_column_and_file() -> None:
     for name in (META_FILE, STEPS_FILE, EVENTS_FILE, CLOSED_FILE, TOKENS_DIR):
         assert name in doc
     assert f"schema_version` = {SCHEMA_VERSION}" in doc
+
+
+def test_fast_and_careful_parsers_give_the_same_frame(tmp_path: Path) -> None:
+    # Clean files take pyarrow's JSON reader; one garbled line sends the same rows through the
+    # line-by-line parser. Both must give the same frame: nulls, late columns, ints, strings, bools.
+    path = tmp_path / "r"
+    rng = np.random.default_rng(0)
+    with RunWriter(path) as w:
+        for i in range(300):
+            row = {C.STEP: i, C.LOSS: float(rng.normal()), C.N_CORRECT: i % 5, C.TIME: 1.0 + i}
+            row[C.KL] = float("nan") if i % 3 == 0 else float(rng.random() * 1e-9)
+            if i >= 150:
+                row[C.LLDS_LAMBDA] = 0.2  # a column that appears mid-run
+                row["note"] = f"n{i}"
+            row[C.LLDS_ENABLED] = i >= 150
+            w.log_step(row)
+    fast = load_run(path).steps
+    assert _fast_steps((path / STEPS_FILE).read_bytes()) is not None  # really the fast path
+    lines = (path / STEPS_FILE).read_text().splitlines(keepends=True)
+    (path / STEPS_FILE).write_text("".join([*lines[:100], "garbled\n", *lines[100:]]))
+    with pytest.warns(RuntimeWarning, match="skipped 1 garbled"):
+        careful = load_run(path).steps
+    pd.testing.assert_frame_equal(fast, careful)
+    assert fast[C.KL].isna().sum() == 100 and fast[C.LLDS_LAMBDA].isna().sum() == 150
+    assert fast[C.N_CORRECT].dtype == np.int64
+    assert fast[C.LOSS].iloc[7] == json.loads(lines[7])[C.LOSS]  # floats round-trip exactly
