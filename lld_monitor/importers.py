@@ -242,18 +242,18 @@ def _detect(path: Path) -> tuple[str, Any]:
         found = _detect_json(stripped)
         if found is not None:
             return found
-    if _VERL_LINE_RE.search(text):
-        return "verl_console", text
-    if _find_printed_dicts(text):
-        return "trl_console", text
     table = _sniff_csv(text)
     if table is not None:
         cols = [str(c) for c in table.columns]
         wandb = any(c in ("_step", "_timestamp", "_runtime") for c in cols) or any(
             c.startswith("train/") or " - " in c for c in cols
         )
-        if any(_LOOKUP.get(c.strip()) or " - " in c for c in cols):
-            return ("wandb_csv" if wandb else "csv"), table
+        return ("wandb_csv" if wandb else "csv"), table
+    if "step:" in text and _VERL_LINE_RE.search(text):
+        return "verl_console", text
+    found = _find_printed_dicts(text)
+    if found:
+        return "trl_console", found
     raise ImportFormatError(f"{path}: unknown format; {_EXPECTED}")
 
 
@@ -329,10 +329,14 @@ def _is_run_dir(path: Path) -> bool:
 
 
 def _sniff_csv(text: str) -> pd.DataFrame | None:
-    first = text.split("\n", 1)[0]
-    if "," not in first and "\t" not in first:
-        return None
+    """The table when the first line is a CSV/TSV header naming a known metric, else None."""
+    first = text.split("\n", 1)[0].strip()
     sep = "\t" if first.count("\t") > first.count(",") else ","
+    fields = [f.strip().strip('"') for f in first.split(sep)]
+    if len(fields) < 2 or not all(fields):
+        return None
+    if not any(canonical_name(f) or " - " in f for f in fields):
+        return None
     try:
         return pd.read_csv(io.StringIO(text), sep=sep)
     except (ValueError, csv.Error):
@@ -396,8 +400,8 @@ def _read_verl_console(_: Path, text: str) -> tuple[pd.DataFrame, str]:
     return _frame(parse_verl_console(text)), "logged"
 
 
-def _read_printed(_: Path, text: str) -> tuple[pd.DataFrame, str]:
-    found = _find_printed_dicts(text)
+def _read_printed(_: Path, payload: str | list[Any]) -> tuple[pd.DataFrame, str]:
+    found = _find_printed_dicts(payload) if isinstance(payload, str) else payload
     steps = [s for s, _ in found]
     dicts = [d for _, d in found]
     training = [
@@ -457,24 +461,27 @@ _ITEM_RE = re.compile(
     r"""|None|True|False"""
     r""")\s*(?=,|\})"""
 )
-_PROGRESS_RE = re.compile(r"(\d+)/(\d+) \[")
+_PROGRESS_RE = re.compile(r"(?<![\d/])(\d+)/\d+ \[")
 _NUMBER_WRAPPER_RE = re.compile(r"^(?:np\.\w+|numpy\.\w+|tensor|float|int)\((.*?)(?:,.*)?\)$")
 
 
 def _find_printed_dicts(text: str) -> list[tuple[int | None, dict[str, Any]]]:
     """Python dict reprs of metrics in ``text`` with the tqdm step printed before each (or None)."""
-    out: list[tuple[int | None, dict[str, Any]]] = []
-    bars = [(m.start(), int(m.group(1))) for m in _PROGRESS_RE.finditer(text)]
-    b = 0
-    last_bar: int | None = None
+    found: list[tuple[int, dict[str, Any]]] = []
     for m in _PRINTED_DICT_RE.finditer(text):
-        body = m.group(0)
-        items = {k: _parse_value(v) for k, v in _ITEM_RE.findall(body)}
-        if not items or (not any(_LOOKUP.get(k) for k in items) and not _is_summary(items)):
-            continue
-        while b < len(bars) and bars[b][0] < m.start():
-            last_bar = bars[b][1]
-            b += 1
+        items = {k: _parse_value(v) for k, v in _ITEM_RE.findall(m.group(0))}
+        if items and (any(k in _LOOKUP for k in items) or _is_summary(items)):
+            found.append((m.start(), items))
+    if not found:
+        return []
+    out: list[tuple[int | None, dict[str, Any]]] = []
+    bars = _PROGRESS_RE.finditer(text, 0, found[-1][0])
+    bar = next(bars, None)
+    last_bar: int | None = None
+    for pos, items in found:
+        while bar is not None and bar.start() < pos:
+            last_bar = int(bar.group(1))
+            bar = next(bars, None)
         out.append((last_bar, items))
     return out
 
@@ -491,7 +498,7 @@ def _is_training_key(key: str) -> bool:
 def _parse_value(token: str) -> Any:
     token = token.strip()
     if token[:1] == "'":
-        token = ast.literal_eval(token)
+        token = ast.literal_eval(token) if "\\" in token else token[1:-1]
     return token
 
 
