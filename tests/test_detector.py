@@ -9,7 +9,7 @@ import pytest
 
 from lld_monitor import columns as C
 from lld_monitor.analysis import DetectorConfig, PhaseDetector
-from lld_monitor.analysis.detector import _EMA, _RollingOLS
+from lld_monitor.analysis.detector import _RollingOLS, ema_weight
 from lld_monitor.testing import make_run
 
 LLD_KINDS = {"stagnation", "decay", "collapse"}
@@ -78,11 +78,17 @@ def test_rolling_ols_long_run_no_drift():
     assert ols.fit()[0] == pytest.approx(ref.fit()[0], abs=1e-12)
 
 
-def test_ema_irregular_steps():
-    # tau 5: after 5 steps the old value keeps weight exp(-1)
-    ema = _EMA(5.0)
-    ema.push(0.0, 1.0)
-    assert ema.push(5.0, 0.0) == pytest.approx(math.exp(-1.0))
+def test_ema_in_step_time():
+    # tau 5: a value 5 steps later gets weight 1 - exp(-1); one 10 steps later 1 - exp(-2)
+    assert ema_weight(5.0, 5.0) == pytest.approx(1.0 - math.exp(-1.0))
+    assert ema_weight(10.0, 5.0) == pytest.approx(1.0 - math.exp(-2.0))
+    # in the detector: entropy 1.0 at step 0 then 0.0 at step 5 -> fast EMA (tau 5) = exp(-1)
+    det = PhaseDetector()
+    det.update({C.STEP: 0, C.ENTROPY: 1.0})
+    det.update({C.STEP: 5, C.ENTROPY: 0.0})
+    assert det.state_dict()["ema"]["entropy_fast"] == pytest.approx(math.exp(-1.0))
+    # slow EMA (tau 50): 1 - (1 - exp(-0.1)) = exp(-0.1)
+    assert det.state_dict()["ema"]["entropy_slow"] == pytest.approx(math.exp(-0.1))
 
 
 # --- phases on labelled runs ----------------------------------------------------------------------

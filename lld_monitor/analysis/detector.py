@@ -111,7 +111,8 @@ class _RollingOLS:
         s[5] += dx * y
         s[6] += y * y
         lim = x - self.steps
-        while len(buf) > self.min_rows and buf[0][0] <= lim:
+        keep = self.min_rows
+        while buf[0][0] <= lim and len(buf) > keep:
             ox, oy = buf.popleft()
             dx = ox - s[0]
             s[1] -= 1.0
@@ -121,7 +122,7 @@ class _RollingOLS:
             s[5] -= dx * oy
             s[6] -= oy * oy
         self.n_since += 1
-        if self.n_since >= max(len(buf), 16):
+        if self.n_since >= 16 and self.n_since >= len(buf):
             self._recompute()
 
     def _recompute(self) -> None:
@@ -166,32 +167,6 @@ class _RollingOLS:
         self.n_since = int(d["n_since"])
 
 
-class _EMA:
-    """Exponential moving average in step time: weight ``1 - exp(-dt / tau)`` on a new value."""
-
-    __slots__ = ("last", "tau", "value")
-
-    def __init__(self, tau: float) -> None:
-        self.tau = tau
-        self.value = _NAN
-        self.last = _NAN
-
-    def push(self, x: float, y: float) -> float:
-        if self.value != self.value:
-            self.value = y
-        else:
-            a = 1.0 - math.exp(-(x - self.last) / self.tau)
-            self.value += a * (y - self.value)
-        self.last = x
-        return self.value
-
-    def state(self) -> list[float | None]:
-        return [_enc(self.value), _enc(self.last)]
-
-    def load(self, d: list[float | None]) -> None:
-        self.value, self.last = _dec(d[0]), _dec(d[1])
-
-
 def _enc(v: float) -> float | None:
     return None if v != v else v
 
@@ -208,6 +183,29 @@ def _f(v: Any) -> float:
         return float(v)
     except (TypeError, ValueError):
         return _NAN
+
+
+def ema_weight(dt: float, tau: float) -> float:
+    """Weight of a new value in an EMA with time constant ``tau`` steps, ``dt`` steps later."""
+    return 1.0 - math.exp(-dt / tau)
+
+
+# EMA slots (values in self._ema) and the signal group whose last step gives their dt
+_RW_F, _FD_F, _FD_S, _DC_S, _G_F, _G_S, _H_F, _H_S, _KL_F, _KL_S, _LEN_F = range(11)
+_EMA_NAMES = (
+    "reward_fast",
+    "displaced_fast",
+    "displaced_window",
+    "delta_correct_window",
+    "log_grad_fast",
+    "log_grad_slow",
+    "entropy_fast",
+    "entropy_slow",
+    "kl_fast",
+    "kl_slow",
+    "length_fast",
+)
+_FAILURES = ("dead_signal", "entropy_collapse", "length_blowup")
 
 
 class PhaseDetector:
@@ -234,46 +232,28 @@ class PhaseDetector:
         self._n_rows = 0
         self._first_step = _NAN
         self._last_step = _NAN
+        self._last_step_prev = _NAN
         self._phase = "unknown"
         self._seen: set[str] = set()
         self._lp_win = _RollingOLS(cfg.window_steps, cfg.min_window_rows)
         self._lp_half = _RollingOLS(cfg.window_steps / 2, max(3, cfg.min_window_rows // 2))
         self._lp_short = _RollingOLS(cfg.short_steps, cfg.min_short_rows)
         self._rw_win = _RollingOLS(cfg.window_steps, cfg.min_window_rows)
-        self._rw_fast = _EMA(cfg.fast_tau)
+        self._ema = [_NAN] * len(_EMA_NAMES)
+        self._last = {k: _NAN for k in ("rw", "fd", "dc", "g", "h", "kl", "len")}
+        self._alpha: dict[float, tuple[float, float, float]] = {}  # dt -> weights (a cache)
         self._rw_peak = _NAN
-        self._fd_fast = _EMA(cfg.fast_tau)
-        self._fd_slow = _EMA(cfg.window_steps / 2)
-        self._dc_slow = _EMA(cfg.window_steps / 2)
-        self._g_fast = _EMA(cfg.fast_tau)  # log grad norm
-        self._g_slow = _EMA(cfg.slow_tau)
-        self._h_fast = _EMA(cfg.fast_tau)
-        self._h_slow = _EMA(cfg.slow_tau)
-        self._kl_fast = _EMA(cfg.fast_tau)
-        self._kl_slow = _EMA(cfg.slow_tau)
-        self._len_fast = _EMA(cfg.fast_tau)
-        self._h_early = _NAN  # entropy level at the end of warm-up
+        self._h_early = _NAN  # entropy level over the warm-up rows
         self._len_early = _NAN
-        self._early_n = 0  # rows averaged into the early levels
+        self._early_n = 0
         self._grad_bad = 0  # consecutive non-finite grad norms
-        # streaks: first step of the current run of rows where the condition held (NaN = not)
+        # first step of the current streak of each condition (NaN: not holding)
         self._since: dict[str, float] = {
             k: _NAN
-            for k in (
-                "r1",
-                "r2",
-                "r3",
-                "below",
-                "nonfinite",
-                "dead_signal",
-                "entropy_collapse",
-                "length_blowup",
-            )
+            for k in ("r1", "r2", "r3", "below", *_FAILURES, *(f + "_off" for f in _FAILURES))
         }
         self._below_rank = 0
-        self._fired: dict[str, bool] = {
-            k: False for k in ("nonfinite", "dead_signal", "entropy_collapse", "length_blowup")
-        }
+        self._fired: dict[str, bool] = {k: False for k in ("nonfinite", *_FAILURES)}
 
     @property
     def phase(self) -> str:
@@ -315,27 +295,14 @@ class PhaseDetector:
 
         Rows whose step is not greater than the last one seen are ignored (duplicates, replays).
         """
-        step = row.get(C.STEP)
-        if step is None or _f(step) != _f(step):
-            raise ValueError(f"a row needs a numeric {C.STEP!r} value, got {step!r}")
-        return self._update(float(step), tuple(_f(row.get(c)) for c in INPUT_COLUMNS))
+        step = _f(row.get(C.STEP))
+        if not math.isfinite(step):
+            raise ValueError(f"a row needs a numeric {C.STEP!r} value, got {row.get(C.STEP)!r}")
+        return self._update(step, tuple([_f(row.get(c)) for c in INPUT_COLUMNS]))
 
     def state_dict(self) -> dict[str, Any]:
         """The full running state as plain JSON (no NaN: encoded as null)."""
         ols = ("_lp_win", "_lp_half", "_lp_short", "_rw_win")
-        emas = (
-            "_rw_fast",
-            "_fd_fast",
-            "_fd_slow",
-            "_dc_slow",
-            "_g_fast",
-            "_g_slow",
-            "_h_fast",
-            "_h_slow",
-            "_kl_fast",
-            "_kl_slow",
-            "_len_fast",
-        )
         return {
             "version": 1,
             "params": asdict(self.config),
@@ -345,7 +312,8 @@ class PhaseDetector:
             "phase": self._phase,
             "seen": sorted(self._seen),
             "ols": {k: getattr(self, k).state() for k in ols},
-            "ema": {k: getattr(self, k).state() for k in emas},
+            "ema": {k: _enc(v) for k, v in zip(_EMA_NAMES, self._ema)},
+            "ema_last": {k: _enc(v) for k, v in self._last.items()},
             "rw_peak": _enc(self._rw_peak),
             "h_early": _enc(self._h_early),
             "len_early": _enc(self._len_early),
@@ -373,8 +341,8 @@ class PhaseDetector:
         self._seen = set(state["seen"])
         for k, v in state["ols"].items():
             getattr(self, k).load(v)
-        for k, v in state["ema"].items():
-            getattr(self, k).load(v)
+        self._ema = [_dec(state["ema"][k]) for k in _EMA_NAMES]
+        self._last = {k: _dec(v) for k, v in state["ema_last"].items()}
         self._rw_peak = _dec(state["rw_peak"])
         self._h_early = _dec(state["h_early"])
         self._len_early = _dec(state["len_early"])
@@ -385,6 +353,21 @@ class PhaseDetector:
         self._fired = {k: bool(v) for k, v in state["fired"].items()}
 
     # --- the work -----------------------------------------------------------------------------
+    def _weights(self, dt: float) -> tuple[float, float, float]:
+        """EMA weights (fast, slow, half-window) for a gap of ``dt`` steps; cached by dt."""
+        w = self._alpha.get(dt)
+        if w is None:
+            cfg = self.config
+            if len(self._alpha) > 256:
+                self._alpha.clear()
+            w = (
+                ema_weight(dt, cfg.fast_tau),
+                ema_weight(dt, cfg.slow_tau),
+                ema_weight(dt, cfg.window_steps / 2),
+            )
+            self._alpha[dt] = w
+        return w
+
     def _streak(self, key: str, cond: bool, step: float) -> float:
         """Steps the condition ``key`` has held continuously up to ``step`` (-1 when it fails)."""
         since = self._since
@@ -406,27 +389,44 @@ class PhaseDetector:
         seen = self._seen
         if self._first_step != self._first_step:
             self._first_step = step
+        self._last_step_prev = self._last_step
         self._last_step = step
         self._n_rows += 1
         alerts: list[Alert] = []
-        istep = int(step)
+        fin = math.isfinite
+        E, L = self._ema, self._last
+        prev = self._last_step_prev
+        w_row = self._weights(step - prev) if prev == prev else (0.0, 0.0, 0.0)
 
-        # --- non-finite loss / grad norm (not a missing value: see _nonfinite) ------------
-        other_finite = any(math.isfinite(x) for x in (rw, h, kl, ln))
-        bad_loss = loss in (math.inf, -math.inf) or (
-            loss != loss and C.LOSS in seen and other_finite
-        )
-        bad_grad = g in (math.inf, -math.inf) or (g != g and C.GRAD_NORM in seen and other_finite)
+        # --- non-finite loss / grad norm: NaN counts only when the column was seen finite and
+        # the row carries other training values (else it is a missing value, e.g. an eval row)
+        if fin(loss):
+            seen.add(C.LOSS)
+            bad_loss = False
+        else:
+            bad_loss = loss == loss or (
+                C.LOSS in seen and (fin(rw) or fin(h) or fin(kl) or fin(ln))
+            )
+        if fin(g):
+            bad_grad = False
+        else:
+            bad_grad = g == g or (C.GRAD_NORM in seen and (fin(rw) or fin(h) or fin(kl) or fin(ln)))
         self._grad_bad = self._grad_bad + 1 if bad_grad else 0
 
-        # --- feed the statistics -------------------------------------------------------------
-        fin = math.isfinite
+        # --- feed the statistics ---------------------------------------------------------------
         if fin(rw):
             seen.add(C.REWARD_MEAN)
             self._rw_win.push(step, rw)
-            ef = self._rw_fast.push(step, rw)
-            if not ef <= self._rw_peak:
-                self._rw_peak = ef
+            last = L["rw"]
+            if last != last:
+                E[_RW_F] = rw
+            else:
+                E[_RW_F] += (w_row if last == prev else self._weights(step - last))[0] * (
+                    rw - E[_RW_F]
+                )
+            L["rw"] = step
+            if not E[_RW_F] <= self._rw_peak:
+                self._rw_peak = E[_RW_F]
         if fin(lp):
             seen.add(C.LOGP_CORRECT)
             self._lp_win.push(step, lp)
@@ -434,29 +434,65 @@ class PhaseDetector:
             self._lp_short.push(step, lp)
         if fin(fd):
             seen.add(C.FRAC_CORRECT_DISPLACED)
-            self._fd_fast.push(step, fd)
-            self._fd_slow.push(step, fd)
+            last = L["fd"]
+            if last != last:
+                E[_FD_F] = E[_FD_S] = fd
+            else:
+                w = w_row if last == prev else self._weights(step - last)
+                E[_FD_F] += w[0] * (fd - E[_FD_F])
+                E[_FD_S] += w[2] * (fd - E[_FD_S])
+            L["fd"] = step
         if fin(dc):
             seen.add(C.DELTA_CORRECT)
-            self._dc_slow.push(step, dc)
+            last = L["dc"]
+            if last != last:
+                E[_DC_S] = dc
+            else:
+                E[_DC_S] += (w_row if last == prev else self._weights(step - last))[2] * (
+                    dc - E[_DC_S]
+                )
+            L["dc"] = step
         if fin(g) and g > 0.0:
             seen.add(C.GRAD_NORM)
             lg = math.log(g)
-            self._g_fast.push(step, lg)
-            self._g_slow.push(step, lg)
+            last = L["g"]
+            if last != last:
+                E[_G_F] = E[_G_S] = lg
+            else:
+                w = w_row if last == prev else self._weights(step - last)
+                E[_G_F] += w[0] * (lg - E[_G_F])
+                E[_G_S] += w[1] * (lg - E[_G_S])
+            L["g"] = step
         if fin(h):
             seen.add(C.ENTROPY)
-            self._h_fast.push(step, h)
-            self._h_slow.push(step, h)
+            last = L["h"]
+            if last != last:
+                E[_H_F] = E[_H_S] = h
+            else:
+                w = w_row if last == prev else self._weights(step - last)
+                E[_H_F] += w[0] * (h - E[_H_F])
+                E[_H_S] += w[1] * (h - E[_H_S])
+            L["h"] = step
         if fin(kl) and kl >= 0.0:
             seen.add(C.KL)
-            self._kl_fast.push(step, kl)
-            self._kl_slow.push(step, kl)
+            last = L["kl"]
+            if last != last:
+                E[_KL_F] = E[_KL_S] = kl
+            else:
+                w = w_row if last == prev else self._weights(step - last)
+                E[_KL_F] += w[0] * (kl - E[_KL_F])
+                E[_KL_S] += w[1] * (kl - E[_KL_S])
+            L["kl"] = step
         if fin(ln):
             seen.add(C.COMPLETION_LENGTH)
-            self._len_fast.push(step, ln)
-        if fin(loss):
-            seen.add(C.LOSS)
+            last = L["len"]
+            if last != last:
+                E[_LEN_F] = ln
+            else:
+                E[_LEN_F] += (w_row if last == prev else self._weights(step - last))[0] * (
+                    ln - E[_LEN_F]
+                )
+            L["len"] = step
         if fin(zstd):
             seen.add(C.FRAC_ZERO_STD_GROUPS)
         if fin(rstd):
@@ -464,134 +500,46 @@ class PhaseDetector:
 
         warm = step - self._first_step >= cfg.warmup_steps and self._n_rows >= cfg.warmup_rows
         if not warm:
-            # early levels for entropy collapse / length blow-up: mean over the warm-up rows
+            # early levels (entropy collapse, length blow-up): mean over the warm-up rows
             k = self._early_n
             if fin(h):
-                self._h_early = (
-                    h
-                    if k == 0 or self._h_early != self._h_early
-                    else (self._h_early + (h - self._h_early) / (k + 1))
-                )
+                he = self._h_early
+                self._h_early = h if he != he else he + (h - he) / (k + 1)
             if fin(ln):
-                self._len_early = (
-                    ln
-                    if k == 0 or self._len_early != self._len_early
-                    else (self._len_early + (ln - self._len_early) / (k + 1))
-                )
+                le = self._len_early
+                self._len_early = ln if le != le else le + (ln - le) / (k + 1)
             self._early_n = k + 1
 
-        # --- non-LLD failures -----------------------------------------------------------------
+        # --- non-LLD failures ---------------------------------------------------------------------
+        istep = int(step)
         if bad_loss or self._grad_bad >= cfg.nonfinite_grad_rows:
             if not self._fired["nonfinite"]:
                 self._fired["nonfinite"] = True
-                what = []
-                if bad_loss:
-                    what.append(f"loss={loss}")
-                if bad_grad:
-                    what.append(f"grad_norm={g} ({self._grad_bad} rows in a row)")
-                alerts.append(
-                    Alert(
-                        istep,
-                        "nonfinite",
-                        "critical",
-                        f"non-finite training values at step {istep}: {', '.join(what)}; "
-                        "this is a numerical failure, not a sign of LLD",
-                        {"loss": _enc(loss), "grad_norm": _enc(g), "rows": self._grad_bad},
-                    )
-                )
+                alerts.append(self._nonfinite_alert(istep, loss, g, bad_loss, bad_grad))
         elif not bad_grad:
             self._fired["nonfinite"] = False
-        if warm:
-            alerts.extend(self._failures(step, istep, h, ln, zstd, rstd))
+        if warm and (zstd == zstd or rstd == rstd or fin(h) or fin(ln)):
+            self._failures(step, istep, zstd, rstd, alerts)
 
-        # --- LLD phase conditions ---------------------------------------------------------------
-        ev: dict[str, Any] = {}
+        # --- LLD phase conditions ---------------------------------------------------------
         rank = 0
-        have_lp = C.LOGP_CORRECT in seen and len(self._lp_win.buf) >= cfg.min_window_rows
-        g_ratio = _ratio_log(self._g_fast.value, self._g_slow.value)
-        h_ratio = _ratio(self._h_fast.value, self._h_slow.value)
-        kl_ratio = _ratio(self._kl_fast.value, self._kl_slow.value)
-        peak, rwf = self._rw_peak, self._rw_fast.value
-        fall = (peak - rwf) / abs(peak) if peak == peak and peak != 0.0 else _NAN
-        corro = {
-            "grad_surge": g_ratio >= cfg.grad_surge_ratio,
-            "entropy_rise": h_ratio >= cfg.entropy_rise_ratio,
-            "kl_surge": kl_ratio >= cfg.kl_surge_ratio and self._kl_slow.value > 1e-6,
-            "reward_fall": fall >= cfg.reward_fall_frac,
-        }
-        fdv = self._fd_fast.value
         if warm:
-            n_corro = sum(corro.values())
-            _rslope, rt, _rspan, r0, r1 = self._rw_win.fit()
-            # rising to new highs (a recovery from a dip is not learning)
-            reward_rising = (
-                rt >= cfg.trend_t
-                and not fall > cfg.reward_fall_frac / 3
-                and (r1 - r0) >= cfg.reward_min_rise * max(abs(r0), abs(r1), 1e-12)
-            )
-            if have_lp:
-                slope, t, span, l0, l1 = self._lp_win.fit()
-                _hslope, ht, _, _, _ = self._lp_half.fit()
-                _sslope, st, sspan, s0, s1 = self._lp_short.fit()
-                change = l1 - l0
-                se_span = abs(slope / t) * span if t and t == t and math.isfinite(t) else 0.0
-                # flat: small change, known to within flat_tol, and no clear upward trend
-                flat = (
-                    abs(change) <= cfg.flat_tol
-                    and change + 2.0 * se_span <= 2 * cfg.flat_tol
-                    and (t < cfg.trend_t or change <= cfg.flat_tol / 2)
-                )
-                declining = t <= -cfg.trend_t and -change >= cfg.decay_min_drop and ht < -1.0
-                sharp = (
-                    len(self._lp_short.buf) >= cfg.min_short_rows
-                    and st <= -cfg.trend_t
-                    and (s0 - s1) >= cfg.collapse_drop
-                )
-                lld_corro = n_corro + (fdv >= cfg.displaced_frac)
-                if sharp and lld_corro >= 1:
-                    rank = 3
-                elif declining:
-                    rank = 2
-                elif flat and reward_rising:
-                    rank = 1
-                ev = {
-                    "logp_change": change,
-                    "logp_slope": slope,
-                    "logp_t": t,
-                    "window_steps": span,
-                    "logp_start": l0,
-                    "logp_end": l1,
-                    "short_drop": s0 - s1 if s0 == s0 else _NAN,
-                    "short_steps": sspan,
-                }
-            if rank < 3 and n_corro >= 2 and not reward_rising:
-                rank = 3  # collapse visible in the standard metrics alone
-            ev.update(
-                reward_start=r0,
-                reward_end=r1,
-                reward_t=rt,
-                reward_peak=peak,
-                reward_fall_frac=fall,
-                grad_ratio=g_ratio,
-                entropy_ratio=h_ratio,
-                kl_ratio=kl_ratio,
-                frac_displaced=fdv,
-                frac_displaced_window=self._fd_slow.value,
-                delta_correct_window=self._dc_slow.value,
-                **corro,
-            )
+            rank = self._rank(step)
 
         # --- phase machine: escalate after persistence, de-escalate after recover_steps --------
         cur = _RANK[self._phase]
-        persist = (0.0, cfg.persist_steps, cfg.persist_steps, cfg.collapse_persist_steps)
         target = cur
-        for r in (1, 2, 3):
-            if self._streak(f"r{r}", rank >= r, step) >= persist[r] and r > target:
-                target = r
         since = self._since
+        for r, key, need in (
+            (1, "r1", cfg.persist_steps),
+            (2, "r2", cfg.persist_steps),
+            (3, "r3", cfg.collapse_persist_steps),
+        ):
+            if self._streak(key, rank >= r, step) >= need and r > target:
+                target = r
         if target > cur:
             new = _BY_RANK[target]
-            alerts.append(self._phase_alert(istep, new, ev))
+            alerts.append(self._phase_alert(istep, new, self._evidence()))
             self._phase = new
             since["below"] = _NAN
         elif rank < cur:
@@ -621,9 +569,161 @@ class PhaseDetector:
             self._phase = self._base_phase()
         return alerts
 
+    def _ratios(self) -> tuple[float, float, float, float]:
+        """(grad fast/slow, entropy fast/slow, KL fast/slow, reward fall from peak as a share)."""
+        E = self._ema
+        gs, hs, ks = E[_G_S], E[_H_S], E[_KL_S]
+        g_ratio = math.exp(E[_G_F] - gs) if gs == gs else _NAN
+        h_ratio = E[_H_F] / hs if hs == hs and hs > 0.0 else _NAN
+        kl_ratio = E[_KL_F] / ks if ks == ks and ks > 1e-6 else _NAN
+        peak = self._rw_peak
+        fall = (peak - E[_RW_F]) / abs(peak) if peak == peak and peak != 0.0 else _NAN
+        return g_ratio, h_ratio, kl_ratio, fall
+
+    def _rank(self, step: float) -> int:
+        """Severity the current windows support: 0 none, 1 stagnation, 2 decay, 3 collapse."""
+        cfg = self.config
+        g_ratio, h_ratio, kl_ratio, fall = self._ratios()
+        n_corro = (
+            (g_ratio >= cfg.grad_surge_ratio)
+            + (h_ratio >= cfg.entropy_rise_ratio)
+            + (kl_ratio >= cfg.kl_surge_ratio)
+            + (fall >= cfg.reward_fall_frac)
+        )
+        _, rt, _, r0, r1 = self._rw_win.fit()
+        # rising to new highs (a recovery from a dip is not learning)
+        reward_rising = (
+            rt >= cfg.trend_t
+            and not fall > cfg.reward_fall_frac / 3
+            and (r1 - r0) >= cfg.reward_min_rise * max(abs(r0), abs(r1), 1e-12)
+        )
+        rank = 0
+        if len(self._lp_win.buf) >= cfg.min_window_rows and C.LOGP_CORRECT in self._seen:
+            slope, t, span, l0, l1 = self._lp_win.fit()
+            change = l1 - l0
+            if slope < 0.0 and len(self._lp_short.buf) >= cfg.min_short_rows:
+                _, st, _, s0, s1 = self._lp_short.fit()
+                fdv = self._ema[_FD_F]
+                sharp = st <= -cfg.trend_t and (s0 - s1) >= cfg.collapse_drop
+                if sharp and n_corro + (fdv >= cfg.displaced_frac) >= 1:
+                    return 3
+            if t <= -cfg.trend_t and -change >= cfg.decay_min_drop:
+                if self._lp_half.fit()[1] < -1.0:  # still going down: not a dip recovering
+                    rank = 2
+            if rank == 0 and reward_rising:
+                se_change = abs(slope / t) * span if t and math.isfinite(t) else 0.0
+                # flat: small change, known to within flat_tol, no clear upward trend
+                if (
+                    abs(change) <= cfg.flat_tol
+                    and change + 2.0 * se_change <= 2 * cfg.flat_tol
+                    and (t < cfg.trend_t or change <= cfg.flat_tol / 2)
+                ):
+                    rank = 1
+        if rank < 3 and n_corro >= 2 and not reward_rising:
+            rank = 3  # collapse visible in the standard metrics alone
+        return rank
+
+    def _evidence(self) -> dict[str, Any]:
+        """The numbers behind the current windows (computed only when an alert fires)."""
+        cfg = self.config
+        g_ratio, h_ratio, kl_ratio, fall = self._ratios()
+        _, rt, _, r0, r1 = self._rw_win.fit()
+        E = self._ema
+        ev: dict[str, Any] = {
+            "reward_start": r0,
+            "reward_end": r1,
+            "reward_t": rt,
+            "reward_peak": self._rw_peak,
+            "reward_fall_frac": fall,
+            "grad_ratio": g_ratio,
+            "entropy_ratio": h_ratio,
+            "kl_ratio": kl_ratio,
+            "frac_displaced": E[_FD_F],
+            "frac_displaced_window": E[_FD_S],
+            "delta_correct_window": E[_DC_S],
+            "grad_surge": g_ratio >= cfg.grad_surge_ratio,
+            "entropy_rise": h_ratio >= cfg.entropy_rise_ratio,
+            "kl_surge": kl_ratio >= cfg.kl_surge_ratio,
+            "reward_fall": fall >= cfg.reward_fall_frac,
+        }
+        if C.LOGP_CORRECT in self._seen and len(self._lp_win.buf) >= 3:
+            slope, t, span, l0, l1 = self._lp_win.fit()
+            _, _, sspan, s0, s1 = self._lp_short.fit()
+            ev.update(
+                logp_change=l1 - l0,
+                logp_slope=slope,
+                logp_t=t,
+                window_steps=span,
+                logp_start=l0,
+                logp_end=l1,
+                short_drop=s0 - s1,
+                short_steps=sspan,
+            )
+        return ev
+
     def _base_phase(self) -> str:
         """``healthy`` when the LLD signal is there to say so, else ``unknown``."""
         return "healthy" if C.LOGP_CORRECT in self._seen else "unknown"
+
+    def _nonfinite_alert(
+        self, step: int, loss: float, g: float, bad_loss: bool, bad_grad: bool
+    ) -> Alert:
+        what = []
+        if bad_loss:
+            what.append(f"loss={loss}")
+        if bad_grad:
+            what.append(f"grad_norm={g} ({self._grad_bad} rows in a row)")
+        return Alert(
+            step,
+            "nonfinite",
+            "critical",
+            f"non-finite training values at step {step}: {', '.join(what)}; this is a numerical "
+            "failure (e.g. learning rate, precision, a bad batch), not a sign of LLD",
+            {"loss": _enc(loss), "grad_norm": _enc(g), "rows": self._grad_bad},
+        )
+
+    def _failures(
+        self, step: float, istep: int, zstd: float, rstd: float, alerts: list[Alert]
+    ) -> None:
+        """Dead signal, entropy collapse and length blow-up; each fires once per episode and
+        re-arms after its condition has been clear for ``failure_persist_steps``."""
+        cfg = self.config
+        he, hf = self._h_early, self._ema[_H_F]
+        le, lf = self._len_early, self._ema[_LEN_F]
+        conds = (
+            (zstd >= cfg.dead_zero_std) or (rstd <= cfg.dead_reward_std),
+            he > 0.0 and hf <= cfg.entropy_floor_frac * he,
+            le > 0.0 and lf >= cfg.length_blowup_ratio * le,
+        )
+        for kind, cond in zip(_FAILURES, conds):
+            held = self._streak(kind, cond, step)
+            off = self._streak(kind + "_off", not cond, step)
+            if cond:
+                if held >= cfg.failure_persist_steps and not self._fired[kind]:
+                    self._fired[kind] = True
+                    alerts.append(self._failure_alert(kind, istep, held, zstd, rstd))
+            elif off >= cfg.failure_persist_steps:
+                self._fired[kind] = False
+
+    def _failure_alert(self, kind: str, step: int, held: float, zstd: float, rstd: float) -> Alert:
+        he, hf = self._h_early, self._ema[_H_F]
+        le, lf = self._len_early, self._ema[_LEN_F]
+        if kind == "dead_signal":
+            msg = (
+                f"every group gets the same reward (frac_zero_std_groups={_fmt(zstd)}, "
+                f"reward_std={_fmt(rstd)}): GRPO advantages are zero, no learning signal"
+            )
+            ev = {"frac_zero_std_groups": _enc(zstd), "reward_std": _enc(rstd)}
+        elif kind == "entropy_collapse":
+            msg = (
+                f"entropy {_fmt(hf)} is {100 * hf / he:.1f}% of its early level {_fmt(he)}: "
+                "the policy has become (near) deterministic"
+            )
+            ev = {"entropy": _enc(hf), "entropy_early": _enc(he)}
+        else:
+            msg = f"completion length {_fmt(lf)} is x{lf / le:.1f} its early level {_fmt(le)}"
+            ev = {"completion_length": _enc(lf), "completion_length_early": _enc(le)}
+        return Alert(step, kind, "warning", f"{msg} (for {held:.0f} steps); not a sign of LLD", ev)
 
     def _phase_alert(self, step: int, phase: str, ev: dict[str, Any]) -> Alert:
         """The alert announcing entry into ``phase``, with its evidence in words and numbers."""
@@ -684,72 +784,6 @@ class PhaseDetector:
         return Alert(
             step, phase, severity, f"{title} at step {step}: " + "; ".join(parts), evidence
         )
-
-    def _failures(
-        self, step: float, istep: int, h: float, ln: float, zstd: float, rstd: float
-    ) -> list[Alert]:
-        """Dead signal, entropy collapse and length blow-up, each once per episode."""
-        cfg = self.config
-        out: list[Alert] = []
-        checks: list[tuple[str, bool, str, dict[str, Any]]] = []
-        dead = (zstd == zstd and zstd >= cfg.dead_zero_std) or (
-            rstd == rstd and rstd <= cfg.dead_reward_std
-        )
-        checks.append(
-            (
-                "dead_signal",
-                dead,
-                f"every group gets the same reward (frac_zero_std_groups={_fmt(zstd)}, "
-                f"reward_std={_fmt(rstd)}): GRPO advantages are zero, no learning signal",
-                {"frac_zero_std_groups": _enc(zstd), "reward_std": _enc(rstd)},
-            )
-        )
-        he, hf = self._h_early, self._h_fast.value
-        ent_low = he == he and he > 0 and hf == hf and hf <= cfg.entropy_floor_frac * he
-        checks.append(
-            (
-                "entropy_collapse",
-                ent_low,
-                f"entropy {_fmt(hf)} is {100 * hf / he if he == he and he else 0:.1f}% of its "
-                f"early level {_fmt(he)}: the policy has become (near) deterministic",
-                {"entropy": _enc(hf), "entropy_early": _enc(he)},
-            )
-        )
-        le, lf = self._len_early, self._len_fast.value
-        blow = le == le and le > 0 and lf == lf and lf >= cfg.length_blowup_ratio * le
-        checks.append(
-            (
-                "length_blowup",
-                blow,
-                f"completion length {_fmt(lf)} is x{lf / le if le == le and le else 0:.1f} its "
-                f"early level {_fmt(le)}",
-                {"completion_length": _enc(lf), "completion_length_early": _enc(le)},
-            )
-        )
-        for kind, cond, msg, evidence in checks:
-            held = self._streak(kind, cond, step)
-            if not cond:
-                self._fired[kind] = False
-            elif held >= cfg.failure_persist_steps and not self._fired[kind]:
-                self._fired[kind] = True
-                out.append(
-                    Alert(
-                        istep,
-                        kind,
-                        "warning",
-                        f"{msg} (for {held:.0f} steps); not a sign of LLD",
-                        evidence,
-                    )
-                )
-        return out
-
-
-def _ratio(fast: float, slow: float) -> float:
-    return fast / slow if slow == slow and fast == fast and slow > 0 else _NAN
-
-
-def _ratio_log(fast: float, slow: float) -> float:
-    return math.exp(fast - slow) if slow == slow and fast == fast else _NAN
 
 
 def _fmt(v: float) -> str:
