@@ -381,3 +381,12 @@ def test_real_runs_import(path):
     assert C.REWARD_MEAN in df.columns and df[C.REWARD_MEAN].notna().all()
     assert df[C.STEP].is_monotonic_increasing and df[C.STEP].is_unique
     assert json.dumps(df.attrs["unmapped_columns"])  # plain JSON-able metadata
+
+
+def test_docs_list_every_format_and_foreign_name():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "importers.md").read_text()
+    for fmt in FORMATS:
+        assert f"`{fmt}`" in doc, fmt
+    for col, names in FOREIGN_NAMES.items():
+        for name in names:
+            assert f"`{name}`" in doc, (col, name)
