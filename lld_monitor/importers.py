@@ -249,7 +249,7 @@ def _detect(path: Path) -> tuple[str, Any]:
             c.startswith("train/") or " - " in c for c in cols
         )
         return ("wandb_csv" if wandb else "csv"), table
-    if "step:" in text and _VERL_LINE_RE.search(text):
+    if "step:" in text and _VERL_LINE_RE.search(_ANSI_RE.sub("", text)):
         return "verl_console", text
     found = _find_printed_dicts(text)
     if found:
@@ -459,8 +459,10 @@ _ITEM_RE = re.compile(
     r"""'(?:[^'\\]|\\.)*'"""  # a quoted value ('0.1476' in recent TRL)
     r"""|[-+]?(?:nan|inf|\d[\d.]*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)"""
     r"""|None|True|False"""
+    r"""|(?:tensor|np\.\w+|numpy\.\w+)\([^()]*\)"""  # tensor(0.31, device='cuda:0')
     r""")\s*(?=,|\})"""
 )
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PROGRESS_RE = re.compile(r"(?<![\d/])(\d+)/\d+ \[")
 _NUMBER_WRAPPER_RE = re.compile(r"^(?:np\.\w+|numpy\.\w+|tensor|float|int)\((.*?)(?:,.*)?\)$")
 
@@ -505,7 +507,7 @@ def _parse_value(token: str) -> Any:
 def parse_verl_console(text: str) -> list[dict[str, Any]]:
     """verl console metric lines (``step:12 - actor/grad_norm:0.31 - ...``) as dicts with step."""
     rows: list[dict[str, Any]] = []
-    for line in text.splitlines():
+    for line in _ANSI_RE.sub("", text).splitlines():
         i = line.find("step:")
         while i > 0 and not line[i - 1].isspace() and line[i - 1] not in ")]":
             i = line.find("step:", i + 1)
@@ -542,10 +544,18 @@ def _frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
 def _numeric(series: pd.Series) -> pd.Series:
     if series.dtype == bool:
         return series.astype(float)
-    if series.dtype == object:
-        series = series.map(lambda v: _unwrap_number(v.strip()) if isinstance(v, str) else v)
-        series = series.map(lambda v: float(v) if isinstance(v, bool) else v)
+    if series.dtype == object or pd.api.types.is_string_dtype(series):
+        series = series.astype(object).map(_scalar)
     return pd.to_numeric(series, errors="coerce").astype(float)
+
+
+def _scalar(value: Any) -> Any:
+    """One raw cell -> something ``pd.to_numeric`` reads (unwrapped string, float for bools)."""
+    if isinstance(value, str):
+        return _unwrap_number(value.strip())
+    if isinstance(value, bool):
+        return float(value)
+    return value
 
 
 def _one_line(exc: BaseException) -> str:

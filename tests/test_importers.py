@@ -390,3 +390,24 @@ def test_docs_list_every_format_and_foreign_name():
     for col, names in FOREIGN_NAMES.items():
         for name in names:
             assert f"`{name}`" in doc, (col, name)
+
+
+def test_tensor_reprs_and_ansi_colours(tmp_path):
+    # transformers 4.38-4.39 printed grad_norm as a tensor; Ray colours its log prefix
+    printed = tmp_path / "console.txt"
+    printed.write_text(
+        "{'loss': 0.5, 'grad_norm': tensor(0.3125, device='cuda:0'), 'reward': 0.25}\n"
+        "{'loss': 0.25, 'grad_norm': np.float32(2.5), 'reward': 0.75}\n"
+    )
+    df = load_table(printed)
+    _close(_col(df, C.GRAD_NORM), [0.3125, 2.5])
+    _close(_col(df, C.REWARD_MEAN), [0.25, 0.75])
+    verl = tmp_path / "verl.txt"
+    verl.write_text(
+        "\x1b[36m(TaskRunner pid=7)\x1b[0m step:4 - critic/score/mean:0.5 - actor/grad_norm:1.0\n"
+        "\x1b[36m(TaskRunner pid=7)\x1b[0mstep:5 - critic/score/mean:0.25 - actor/grad_norm:2.0\n"
+    )
+    df = load_table(verl)
+    assert df.attrs["source_format"] == "verl_console"
+    assert list(df[C.STEP]) == [4, 5]
+    _close(_col(df, C.REWARD_MEAN), [0.5, 0.25])
