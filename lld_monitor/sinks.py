@@ -1,0 +1,391 @@
+"""Where step rows and alerts go besides the run log: console, run event log, W&B, a webhook.
+
+Every sink has ``log_row(step, row)``, ``alert(alert)`` and ``close()`` (the ``Sink`` protocol);
+``BaseSink`` adds ``log_step(row)`` and ``log_event(event)`` as the monitor calls them. No torch
+here; wandb is imported only when a ``WandbSink`` first needs it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import math
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from lld_monitor import columns as C
+from lld_monitor.events import Alert
+
+if TYPE_CHECKING:
+    from lld_monitor.runlog import RunWriter
+
+logger = logging.getLogger("lld_monitor")
+
+#: Environment variable holding the webhook URL when none is passed.
+WEBHOOK_ENV = "LLD_MONITOR_WEBHOOK_URL"
+
+_SEVERITY_RANK = {name: i for i, name in enumerate(C.SEVERITIES)}  # info < warning < critical
+_LOG_LEVEL = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.CRITICAL}
+_WANDB_LEVEL = {"info": "INFO", "warning": "WARN", "critical": "ERROR"}
+# Event types that sinks report through log_event (alerts come through alert(), lifecycle is
+# bookkeeping that only the run log needs).
+_REPORTED_EVENT_TYPES = ("phase", "intervention", "error")
+# The columns ConsoleSink prints in its one-line step summary.
+_SUMMARY_COLUMNS = (
+    C.REWARD_MEAN,
+    C.ACCURACY,
+    C.LOGP_CORRECT,
+    C.DELTA_CORRECT,
+    C.FRAC_CORRECT_DISPLACED,
+    C.GRAD_NORM,
+    C.ENTROPY,
+    C.LLDS_ENABLED,
+)
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """What the monitor (or a hand-written loop) feeds: step rows, alerts, and a final close."""
+
+    def log_row(self, step: int, row: Mapping[str, Any]) -> None: ...
+
+    def alert(self, alert: Alert) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _check_severity(name: str, value: str) -> str:
+    if value not in C.SEVERITIES:
+        raise ValueError(f"{name} must be one of {C.SEVERITIES}, got {value!r}")
+    return value
+
+
+def _event_alert(event: Mapping[str, Any]) -> Alert | None:
+    """A phase/intervention/error event as an Alert for the sinks; None for alerts and lifecycle."""
+    if event.get(C.EVENT_TYPE) not in _REPORTED_EVENT_TYPES:
+        return None
+    step = event.get(C.EVENT_STEP)
+    return Alert(
+        step=-1 if step is None else int(step),
+        kind=str(event.get(C.EVENT_KIND, "")),
+        severity=str(event.get(C.EVENT_SEVERITY, "info")),
+        message=str(event.get(C.EVENT_MESSAGE, "")),
+        evidence=dict(event.get(C.EVENT_EVIDENCE) or {}),
+    )
+
+
+def _number(value: Any) -> float | int | None:
+    """``value`` as a Python number (numpy/torch scalars unwrapped), None if not a number."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int | float):
+        return value
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return _number(item())
+        except (ValueError, RuntimeError):  # not a one-element array
+            return None
+    return None
+
+
+class BaseSink:
+    """No-op defaults plus the monitor's call shapes: ``log_step(row)`` and ``log_event(event)``."""
+
+    def log_row(self, step: int, row: Mapping[str, Any]) -> None:
+        """One step's row (canonical columns; ``step`` may or may not be in ``row``)."""
+
+    def alert(self, alert: Alert) -> None:
+        """One alert from the detector."""
+
+    def log_event(self, event: Mapping[str, Any]) -> None:
+        """A phase change, intervention or error event; alert events are ignored (see ``alert``)."""
+        as_alert = _event_alert(event)
+        if as_alert is not None:
+            self.report_event(as_alert, str(event.get(C.EVENT_TYPE)))
+
+    def report_event(self, event: Alert, event_type: str) -> None:
+        """Subclass hook for non-alert events, already shaped as an Alert."""
+
+    def log_step(self, row: Mapping[str, Any]) -> None:
+        """``log_row`` with the step taken from the row (the monitor's call)."""
+        if C.STEP not in row:
+            raise ValueError(f"log_step needs a {C.STEP!r} key in the row")
+        self.log_row(int(row[C.STEP]), row)
+
+    def close(self) -> None:
+        """Flush whatever is pending."""
+
+
+class ConsoleSink(BaseSink):
+    """Alerts and events to the ``lld_monitor`` logger; optionally a step summary every N steps."""
+
+    def __init__(self, *, every: int = 0, logger_name: str = "lld_monitor") -> None:
+        if every < 0:
+            raise ValueError(f"every must be >= 0 (0 = no step summaries), got {every}")
+        self.every = every
+        self.logger = logging.getLogger(logger_name)
+
+    def log_row(self, step: int, row: Mapping[str, Any]) -> None:
+        if not self.every or step % self.every:
+            return
+        parts = []
+        for col in _SUMMARY_COLUMNS:
+            value = _number(row.get(col))
+            if value is not None and math.isfinite(value):
+                parts.append(f"{col}={value:.4g}")
+        self.logger.info("lld_monitor step %d: %s", step, " ".join(parts) or "(no LLD columns)")
+
+    def alert(self, alert: Alert) -> None:
+        self.logger.log(
+            _LOG_LEVEL[alert.severity],
+            "lld_monitor %s alert at step %d: %s: %s",
+            alert.severity.upper(),
+            alert.step,
+            alert.kind,
+            alert.message,
+        )
+
+    def report_event(self, event: Alert, event_type: str) -> None:
+        self.logger.log(
+            _LOG_LEVEL[event.severity],
+            "lld_monitor %s at step %d: %s: %s",
+            event_type,
+            event.step,
+            event.kind,
+            event.message,
+        )
+
+
+class RunLogSink(BaseSink):
+    """Alerts (and reported events) into a run's ``events.jsonl``; rows too if ``log_rows``.
+
+    For hand-written loops that run a ``PhaseDetector`` themselves. ``LLDMonitor`` writes its own
+    run log: do not give it a ``RunLogSink`` on the same writer, or every alert is written twice.
+    """
+
+    def __init__(self, writer: RunWriter, *, log_rows: bool = False) -> None:
+        self.writer = writer
+        self.log_rows = log_rows
+
+    def log_row(self, step: int, row: Mapping[str, Any]) -> None:
+        if self.log_rows:
+            self.writer.log_step({**row, C.STEP: step})
+
+    def alert(self, alert: Alert) -> None:
+        self.writer.log_event(alert.to_event())
+
+    def log_event(self, event: Mapping[str, Any]) -> None:
+        if event.get(C.EVENT_TYPE) in _REPORTED_EVENT_TYPES:
+            self.writer.log_event(event)
+
+    def close(self) -> None:
+        """Leaves the writer open: its owner closes it."""
+
+
+class WandbSink(BaseSink):
+    """Step columns to a W&B run under ``prefix``; alerts as ``run.alert`` (W&B emails/Slack).
+
+    ``step_mode="metric"`` (default) logs ``{prefix}step`` as the x-axis of the ``{prefix}*``
+    charts (``define_metric``), safe beside a trainer that logs to the same run with its own
+    step counter; ``step_mode="step"`` passes ``run.log(..., step=step)`` (for runs nothing else
+    logs to: W&B drops rows whose step is behind its own counter).
+    """
+
+    def __init__(
+        self,
+        run: Any = None,
+        prefix: str = "lld/",
+        *,
+        step_mode: str = "metric",
+        min_severity: str = "warning",
+        alert_wait_s: float = 60.0,
+    ) -> None:
+        if step_mode not in ("metric", "step"):
+            raise ValueError(f"step_mode must be 'metric' or 'step', got {step_mode!r}")
+        self._run = run
+        self.prefix = prefix
+        self.step_mode = step_mode
+        self.min_severity = _check_severity("min_severity", min_severity)
+        self.alert_wait_s = alert_wait_s
+        self._defined_for: Any = None
+        self._warned_no_run = False
+
+    @property
+    def run(self) -> Any:
+        """The W&B run in use: the one given, else the active ``wandb.run`` (None if none)."""
+        if self._run is not None:
+            return self._run
+        import wandb
+
+        if wandb.run is None and not self._warned_no_run:
+            self._warned_no_run = True
+            logger.warning("lld_monitor: WandbSink has no W&B run (call wandb.init()); skipping")
+        return wandb.run
+
+    def log_row(self, step: int, row: Mapping[str, Any]) -> None:
+        run = self.run
+        if run is None:
+            return
+        data: dict[str, float | int] = {}
+        for key, value in row.items():
+            if key in (C.STEP, C.TIME):
+                continue
+            number = _number(value)
+            if number is not None:
+                data[f"{self.prefix}{key}"] = number
+        if self.step_mode == "step":
+            run.log(data, step=step)
+            return
+        if self._defined_for is not run:
+            run.define_metric(f"{self.prefix}{C.STEP}")
+            run.define_metric(f"{self.prefix}*", step_metric=f"{self.prefix}{C.STEP}")
+            self._defined_for = run
+        data[f"{self.prefix}{C.STEP}"] = step
+        run.log(data)
+
+    def alert(self, alert: Alert) -> None:
+        self._send(alert, "alert")
+
+    def report_event(self, event: Alert, event_type: str) -> None:
+        if event_type in ("intervention", "error"):
+            self._send(event, event_type)
+
+    def _send(self, alert: Alert, what: str) -> None:
+        if _SEVERITY_RANK[alert.severity] < _SEVERITY_RANK[self.min_severity]:
+            return
+        run = self.run
+        if run is None:
+            return
+        # W&B throttles alerts by title for wait_duration: the title names the kind, not the step.
+        run.alert(
+            title=f"lld_monitor {what}: {alert.kind}"[:63],
+            text=f"step {alert.step}: {alert.message}",
+            level=_WANDB_LEVEL[alert.severity],
+            wait_duration=self.alert_wait_s,
+        )
+
+
+class WebhookSink(BaseSink):
+    """Alerts as Slack-compatible JSON ``{"text": ...}`` POSTs; deduplicated, rate-limited, safe.
+
+    An alert whose (kind, severity) was sent less than ``min_interval_s`` ago is dropped (counted
+    and mentioned in the next message). At most one POST per ``min_interval_s``: alerts arriving
+    sooner wait and go out together at the next call after the interval (a critical one goes at
+    once). Delivery failures are logged, never raised; a POST blocks at most ``timeout`` seconds.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        timeout: float = 5.0,
+        min_interval_s: float = 60.0,
+        dedupe: bool = True,
+        *,
+        min_severity: str = "warning",
+        run_name: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        url = url or os.environ.get(WEBHOOK_ENV)
+        if not url:
+            raise ValueError(f"WebhookSink needs a URL: pass url=... or set {WEBHOOK_ENV}")
+        scheme = urllib.parse.urlsplit(url).scheme
+        if scheme not in ("http", "https"):
+            raise ValueError(f"webhook URL must start with http:// or https://, got {url!r}")
+        if timeout <= 0 or min_interval_s < 0:
+            raise ValueError("timeout must be > 0 and min_interval_s >= 0 (seconds)")
+        self.url = url
+        self.timeout = timeout
+        self.min_interval_s = min_interval_s
+        self.dedupe = dedupe
+        self.min_severity = _check_severity("min_severity", min_severity)
+        self.run_name = run_name
+        self._clock = clock
+        self._pending: list[Alert] = []
+        self._last_post = -math.inf
+        self._last_sent: dict[tuple[str, str], float] = {}
+        self._suppressed: dict[tuple[str, str], int] = {}
+        self.n_posts = 0  # successful POSTs
+        self.n_failed = 0  # POSTs that failed (logged)
+        self.n_suppressed = 0  # alerts dropped as duplicates
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> WebhookSink | None:
+        """A sink for ``$LLD_MONITOR_WEBHOOK_URL``, or None when it is not set."""
+        url = os.environ.get(WEBHOOK_ENV)
+        return cls(url, **kwargs) if url else None
+
+    def log_row(self, step: int, row: Mapping[str, Any]) -> None:
+        self._flush(force=False)  # sends alerts held back by the rate limit once it allows
+
+    def alert(self, alert: Alert) -> None:
+        if _SEVERITY_RANK[alert.severity] < _SEVERITY_RANK[self.min_severity]:
+            return
+        key = (alert.kind, alert.severity)
+        now = self._clock()
+        recent = now - self._last_sent.get(key, -math.inf) < self.min_interval_s
+        if self.dedupe and (recent or any((a.kind, a.severity) == key for a in self._pending)):
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            self.n_suppressed += 1
+            return
+        self._pending.append(alert)
+        self._flush(force=alert.severity == "critical")
+
+    def report_event(self, event: Alert, event_type: str) -> None:
+        if event_type in ("intervention", "error"):
+            self.alert(event)
+
+    def close(self) -> None:
+        """Send what the rate limit still holds."""
+        self._flush(force=True)
+
+    def message(self, alerts: list[Alert]) -> str:
+        """The Slack text for a batch of alerts (plus a note of suppressed repeats)."""
+        head = "*lld_monitor*" + (f" `{self.run_name}`" if self.run_name else "")
+        lines = [
+            f"{head} {a.severity.upper()} {a.kind} at step {a.step}: {a.message}" for a in alerts
+        ]
+        if self._suppressed:
+            repeats = ", ".join(f"{k} {s} x{n}" for (k, s), n in sorted(self._suppressed.items()))
+            lines.append(f"(repeats suppressed since the last message: {repeats})")
+        return "\n".join(lines)
+
+    def _flush(self, *, force: bool) -> None:
+        if not self._pending:
+            return
+        now = self._clock()
+        if not force and now - self._last_post < self.min_interval_s:
+            return
+        batch, self._pending = self._pending, []
+        text = self.message(batch)
+        self._suppressed.clear()
+        self._last_post = now
+        for a in batch:
+            self._last_sent[(a.kind, a.severity)] = now
+        self._post(text)
+
+    def _post(self, text: str) -> None:
+        body = json.dumps({"text": text}).encode("utf-8")
+        request = urllib.request.Request(
+            self.url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                response.read()
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+            # HTTPError (4xx/5xx) and socket timeouts are URLError/OSError subclasses
+            self.n_failed += 1
+            logger.warning("lld_monitor: webhook POST to %s failed: %s", self._safe_url(), exc)
+            return
+        self.n_posts += 1
+
+    def _safe_url(self) -> str:
+        """The URL without its path (webhook paths are secrets)."""
+        parts = urllib.parse.urlsplit(self.url)
+        return f"{parts.scheme}://{parts.netloc}/..."
