@@ -20,23 +20,28 @@ PANELS: tuple[tuple[str, tuple[tuple[str, str], ...], bool, float | None], ...] 
     ("Reward / accuracy", ((C.REWARD_MEAN, "reward mean"), (C.ACCURACY, "accuracy")), False, None),
     (
         "Log-prob under pi_old (per token)",
-        ((C.LOGP_CORRECT, "correct"), (C.LOGP_INCORRECT, "incorrect")),
+        ((C.LOGP_CORRECT, "logp correct"), (C.LOGP_INCORRECT, "logp incorrect")),
         False,
         None,
     ),
     (
         "Displacement Delta = new - old (summed)",
-        ((C.DELTA_CORRECT, "correct"), (C.DELTA_INCORRECT, "incorrect")),
+        ((C.DELTA_CORRECT, "Delta correct"), (C.DELTA_INCORRECT, "Delta incorrect")),
         False,
         0.0,
     ),
     (
         "Share of correct responses displaced",
-        ((C.FRAC_CORRECT_DISPLACED, "correct with Delta <= 0"),),
+        ((C.FRAC_CORRECT_DISPLACED, "share correct displaced"),),
         False,
         0.5,
     ),
-    ("Grad norm (log scale)", ((C.GRAD_NORM, "grad norm"), (C.GRAD_NORM_MAX, "max")), True, None),
+    (
+        "Grad norm (log scale)",
+        ((C.GRAD_NORM, "grad norm"), (C.GRAD_NORM_MAX, "grad norm max")),
+        True,
+        None,
+    ),
     ("Entropy", ((C.ENTROPY, "entropy"),), False, None),
     ("LLDS", ((C.LLDS_LOSS, "LLDS loss"), (C.LLDS_LAMBDA, "lambda")), False, None),
 )
@@ -86,9 +91,8 @@ def build_figure(df: pd.DataFrame, analysis: Any, title: str = "lld_monitor repo
         if log_y:
             fig.update_yaxes(type="log", row=row, col=1)
     for seg in getattr(analysis, "phases", []) or []:
-        start, end = float(seg.start_step), float(seg.end_step)
-        if end <= start:
-            end = start + 0.5
+        # closed step ranges: widen by half a step so that adjacent segments touch
+        start, end = float(seg.start_step) - 0.5, float(seg.end_step) + 0.5
         fig.add_vrect(
             x0=start,
             x1=end,
@@ -100,14 +104,15 @@ def build_figure(df: pd.DataFrame, analysis: Any, title: str = "lld_monitor repo
             col=1,
         )
         fig.add_annotation(
-            x=(start + end) / 2,
+            x=start,
             y=1.0,
             xref="x",
-            yref="paper",
-            yanchor="bottom",
+            yref="y domain",
+            xanchor="left",
+            yanchor="top",
             text=seg.phase,
             showarrow=False,
-            font={"size": 10},
+            font={"size": 10, "color": "#444"},
         )
     _add_alerts(fig, df, list(getattr(analysis, "alerts", []) or []))
     collapse = getattr(analysis, "collapse_step", None)

@@ -156,7 +156,7 @@ def test_report_figure_panels_phases_and_alerts():
     assert layout[f"yaxis{grad_row}"].type == "log"
     rects = [s for s in layout.shapes if s.type == "rect"]
     assert len(rects) == 3 * len(PANELS)  # each phase shaded on every panel
-    collapse_fill = {s.fillcolor for s in rects if s.x0 == 100}
+    collapse_fill = {s.fillcolor for s in rects if s.x0 == 99.5}  # steps 100-120, widened
     assert collapse_fill == {"rgba(215, 40, 40, 0.25)"}
     # the 0.5 line on the share-displaced panel
     frac_row = next(i for i, p in enumerate(PANELS, 1) if p[1][0][0] == C.FRAC_CORRECT_DISPLACED)

@@ -73,6 +73,8 @@ def summary_text(df: pd.DataFrame, analysis: Any) -> str:
     lines.append(f"collapse: {'none detected' if collapse is None else f'step {collapse}'}")
     lines.append(f"signals used:    {', '.join(analysis.signals_used) or 'none'}")
     lines.append(f"signals missing: {', '.join(analysis.signals_missing) or 'none'}")
+    for note in getattr(analysis, "notes", None) or []:
+        lines.append(f"  note: {note}")
     unmapped = df.attrs.get("unmapped_columns") or []
     if unmapped:
         shown = ", ".join(unmapped[:8]) + (
