@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from lld_monitor.analysis.detector import DetectorConfig, PhaseDetector
+from lld_monitor.analysis.offline import Analysis, PhaseSegment, analyze_run, replay
 
-__all__ = ["DetectorConfig", "PhaseDetector"]
+__all__ = ["Analysis", "DetectorConfig", "PhaseDetector", "PhaseSegment", "analyze_run", "replay"]

@@ -64,8 +64,8 @@ class DetectorConfig:
     displaced_frac: float = 0.5  # share of correct responses displaced (paper's > 50%)
     grad_surge_ratio: float = 2.0  # fast / slow grad norm (geometric EMAs)
     entropy_rise_ratio: float = 1.15  # fast / slow entropy
-    kl_surge_ratio: float = 3.0  # fast / slow KL
     reward_fall_frac: float = 0.15  # reward EMA below its peak by this share of the peak
+    noise_k: float = 3.0  # a surge / rise / fall must exceed this many noise sd of its fast EMA
     fast_tau: float = 5.0  # steps, time constant of the fast EMAs
     slow_tau: float = 50.0  # steps, time constant of the baselines
     nonfinite_grad_rows: int = 3  # consecutive non-finite grad norms before "nonfinite"
@@ -192,6 +192,7 @@ def ema_weight(dt: float, tau: float) -> float:
 
 # EMA slots (values in self._ema) and the signal group whose last step gives their dt
 _RW_F, _FD_F, _FD_S, _DC_S, _G_F, _G_S, _H_F, _H_S, _KL_F, _KL_S, _LEN_F = range(11)
+_RW_D, _G_D, _H_D = range(11, 14)  # mean absolute deviation of the raw value from its fast EMA
 _EMA_NAMES = (
     "reward_fast",
     "displaced_fast",
@@ -204,6 +205,9 @@ _EMA_NAMES = (
     "kl_fast",
     "kl_slow",
     "length_fast",
+    "reward_dev",
+    "log_grad_dev",
+    "entropy_dev",
 )
 _FAILURES = ("dead_signal", "entropy_collapse", "length_blowup")
 
@@ -243,6 +247,9 @@ class PhaseDetector:
         self._last = {k: _NAN for k in ("rw", "fd", "dc", "g", "h", "kl", "len")}
         self._alpha: dict[float, tuple[float, float, float]] = {}  # dt -> weights (a cache)
         self._rw_peak = _NAN
+        self._rw_min = _NAN  # lowest fast reward EMA so far
+        self._rw_trough = _NAN  # lowest fast reward EMA before the peak
+        self._w_fast = _NAN  # weight of the last fast-EMA update (noise of the fast EMAs)
         self._h_early = _NAN  # entropy level over the warm-up rows
         self._len_early = _NAN
         self._early_n = 0
@@ -315,6 +322,9 @@ class PhaseDetector:
             "ema": {k: _enc(v) for k, v in zip(_EMA_NAMES, self._ema)},
             "ema_last": {k: _enc(v) for k, v in self._last.items()},
             "rw_peak": _enc(self._rw_peak),
+            "rw_min": _enc(self._rw_min),
+            "rw_trough": _enc(self._rw_trough),
+            "w_fast": _enc(self._w_fast),
             "h_early": _enc(self._h_early),
             "len_early": _enc(self._len_early),
             "early_n": self._early_n,
@@ -344,6 +354,9 @@ class PhaseDetector:
         self._ema = [_dec(state["ema"][k]) for k in _EMA_NAMES]
         self._last = {k: _dec(v) for k, v in state["ema_last"].items()}
         self._rw_peak = _dec(state["rw_peak"])
+        self._rw_min = _dec(state["rw_min"])
+        self._rw_trough = _dec(state["rw_trough"])
+        self._w_fast = _dec(state["w_fast"])
         self._h_early = _dec(state["h_early"])
         self._len_early = _dec(state["len_early"])
         self._early_n = int(state["early_n"])
@@ -420,13 +433,19 @@ class PhaseDetector:
             last = L["rw"]
             if last != last:
                 E[_RW_F] = rw
+                E[_RW_D] = 0.0
             else:
-                E[_RW_F] += (w_row if last == prev else self._weights(step - last))[0] * (
-                    rw - E[_RW_F]
-                )
+                w = w_row if last == prev else self._weights(step - last)
+                E[_RW_D] += w[1] * (abs(rw - E[_RW_F]) - E[_RW_D])
+                E[_RW_F] += w[0] * (rw - E[_RW_F])
+                self._w_fast = w[0]
             L["rw"] = step
-            if not E[_RW_F] <= self._rw_peak:
-                self._rw_peak = E[_RW_F]
+            ef = E[_RW_F]
+            if not ef >= self._rw_min:
+                self._rw_min = ef
+            if not ef <= self._rw_peak:
+                self._rw_peak = ef
+                self._rw_trough = self._rw_min
         if fin(lp):
             seen.add(C.LOGP_CORRECT)
             self._lp_win.push(step, lp)
@@ -458,8 +477,10 @@ class PhaseDetector:
             last = L["g"]
             if last != last:
                 E[_G_F] = E[_G_S] = lg
+                E[_G_D] = 0.0
             else:
                 w = w_row if last == prev else self._weights(step - last)
+                E[_G_D] += w[1] * (abs(lg - E[_G_F]) - E[_G_D])
                 E[_G_F] += w[0] * (lg - E[_G_F])
                 E[_G_S] += w[1] * (lg - E[_G_S])
             L["g"] = step
@@ -468,8 +489,10 @@ class PhaseDetector:
             last = L["h"]
             if last != last:
                 E[_H_F] = E[_H_S] = h
+                E[_H_D] = 0.0
             else:
                 w = w_row if last == prev else self._weights(step - last)
+                E[_H_D] += w[1] * (abs(h - E[_H_F]) - E[_H_D])
                 E[_H_F] += w[0] * (h - E[_H_F])
                 E[_H_S] += w[1] * (h - E[_H_S])
             L["h"] = step
@@ -570,24 +593,41 @@ class PhaseDetector:
         return alerts
 
     def _ratios(self) -> tuple[float, float, float, float]:
-        """(grad fast/slow, entropy fast/slow, KL fast/slow, reward fall from peak as a share)."""
+        """(grad fast/slow, entropy fast/slow, KL fast/slow, reward fall from its peak as a
+        share of max(|peak|, peak - trough)); a ratio whose move is within ``noise_k`` times
+        the noise of its fast EMA is reported as 1 (fall 0): noisy logs must not fire."""
         E = self._ema
+        k = self.config.noise_k
+        a = self._w_fast
+        # sd of a fast EMA of white noise = sd * sqrt(a / (2 - a)); sd ~ 1.25 * mean abs dev
+        damp = 1.25 * math.sqrt(a / (2.0 - a)) if a == a and 0.0 < a < 2.0 else 1.25
         gs, hs, ks = E[_G_S], E[_H_S], E[_KL_S]
-        g_ratio = math.exp(E[_G_F] - gs) if gs == gs else _NAN
-        h_ratio = E[_H_F] / hs if hs == hs and hs > 0.0 else _NAN
+        g_ratio = _NAN
+        if gs == gs:
+            up = E[_G_F] - gs
+            g_ratio = math.exp(up) if up > k * damp * E[_G_D] else min(1.0, math.exp(up))
+        h_ratio = _NAN
+        if hs == hs and hs > 0.0:
+            up = E[_H_F] - hs
+            h_ratio = E[_H_F] / hs if up > k * damp * E[_H_D] else min(1.0, E[_H_F] / hs)
         kl_ratio = E[_KL_F] / ks if ks == ks and ks > 1e-6 else _NAN
-        peak = self._rw_peak
-        fall = (peak - E[_RW_F]) / abs(peak) if peak == peak and peak != 0.0 else _NAN
+        peak, trough = self._rw_peak, self._rw_trough
+        fall = _NAN
+        if peak == peak:
+            scale = max(abs(peak), peak - trough if trough == trough else 0.0)
+            drop = peak - E[_RW_F]
+            if scale > 0.0:
+                fall = drop / scale if drop > k * damp * E[_RW_D] else 0.0
         return g_ratio, h_ratio, kl_ratio, fall
 
     def _rank(self, step: float) -> int:
         """Severity the current windows support: 0 none, 1 stagnation, 2 decay, 3 collapse."""
         cfg = self.config
-        g_ratio, h_ratio, kl_ratio, fall = self._ratios()
+        g_ratio, h_ratio, _, fall = self._ratios()
+        # KL is reported, not used: it grows from 0 by design early in every run
         n_corro = (
             (g_ratio >= cfg.grad_surge_ratio)
             + (h_ratio >= cfg.entropy_rise_ratio)
-            + (kl_ratio >= cfg.kl_surge_ratio)
             + (fall >= cfg.reward_fall_frac)
         )
         _, rt, _, r0, r1 = self._rw_win.fit()
@@ -643,7 +683,6 @@ class PhaseDetector:
             "delta_correct_window": E[_DC_S],
             "grad_surge": g_ratio >= cfg.grad_surge_ratio,
             "entropy_rise": h_ratio >= cfg.entropy_rise_ratio,
-            "kl_surge": kl_ratio >= cfg.kl_surge_ratio,
             "reward_fall": fall >= cfg.reward_fall_frac,
         }
         if C.LOGP_CORRECT in self._seen and len(self._lp_win.buf) >= 3:
@@ -764,8 +803,6 @@ class PhaseDetector:
                 seen_parts.append(f"grad norm x{_fmt(ev['grad_ratio'])} of its baseline")
             if ev.get("entropy_rise"):
                 seen_parts.append(f"entropy x{_fmt(ev['entropy_ratio'])} of its baseline")
-            if ev.get("kl_surge"):
-                seen_parts.append(f"KL x{_fmt(ev['kl_ratio'])} of its baseline")
             if ev.get("reward_fall"):
                 seen_parts.append(
                     f"reward {100 * ev['reward_fall_frac']:.0f}% below its peak "

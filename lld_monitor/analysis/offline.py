@@ -1,0 +1,270 @@
+"""Post-hoc analysis of a whole run: phase segments, alerts, collapse step, signals.
+
+Alerts come from replaying the online ``PhaseDetector`` over the rows (so offline and live
+alerts agree by construction). Segment boundaries then use what only hindsight has: each
+escalation is moved back from the step where the detector became sure to the change point of
+the signal that drove it (least-squares two-piece linear fit, ruptures ``Binseg`` with the
+``linear`` cost against the step), when that change point is significant.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lld_monitor import columns as C
+from lld_monitor.analysis.detector import INPUT_COLUMNS, DetectorConfig, PhaseDetector
+from lld_monitor.events import Alert
+
+_LLD_PHASES = ("stagnation", "decay", "collapse")
+_RANK = {"unknown": 0, "healthy": 0, "stagnation": 1, "decay": 2, "collapse": 3}
+
+
+@dataclass(frozen=True)
+class PhaseSegment:
+    """One phase over a closed range of steps, with the numbers seen in it."""
+
+    phase: str
+    start_step: int
+    end_step: int
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"phase": self.phase, "start_step": self.start_step, "end_step": self.end_step}
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """The result of ``analyze_run``; ``to_dict()`` is the ``analyze --json`` schema."""
+
+    phases: list[PhaseSegment]
+    alerts: list[Alert]
+    collapse_step: int | None
+    signals_used: list[str]
+    signals_missing: list[str]
+    notes: list[str] = field(default_factory=list)  # what the missing signals rule out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Exactly ``{"phases", "alerts", "collapse_step", "signals": {"used", "missing"}}``."""
+        return {
+            "phases": [s.to_dict() for s in self.phases],
+            "alerts": [
+                {"step": a.step, "kind": a.kind, "severity": a.severity, "message": a.message}
+                for a in self.alerts
+            ],
+            "collapse_step": self.collapse_step,
+            "signals": {"used": list(self.signals_used), "missing": list(self.signals_missing)},
+        }
+
+
+def load_steps(obj: Any) -> pd.DataFrame:
+    """The step table of a ``Run``, a DataFrame, or a path (our run folder or any foreign log)."""
+    if isinstance(obj, pd.DataFrame):
+        return obj
+    steps = getattr(obj, "steps", None)
+    if isinstance(steps, pd.DataFrame):
+        return steps
+    if isinstance(obj, str | Path):
+        from lld_monitor.runlog import is_run_dir, load_run
+
+        if is_run_dir(obj):
+            return load_run(obj).steps
+        from lld_monitor.importers import load_table
+
+        return load_table(obj)
+    raise ValueError(
+        f"analyze_run needs a Run, a pandas DataFrame or a path, got {type(obj).__name__}"
+    )
+
+
+def prepare_steps(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows sorted by step, one per step (the first), numeric columns; the detector's input."""
+    if C.STEP not in df.columns:
+        raise ValueError(
+            f"the table has no {C.STEP!r} column; give each row its optimizer step "
+            f"(columns found: {list(df.columns)[:10]})"
+        )
+    step = pd.to_numeric(df[C.STEP], errors="coerce")
+    out = df.loc[step.notna()].copy()
+    out[C.STEP] = step[step.notna()].astype(np.int64)
+    out = out.sort_values(C.STEP, kind="stable").drop_duplicates(C.STEP, keep="first")
+    return out.reset_index(drop=True)
+
+
+def replay(
+    df: pd.DataFrame, detector: PhaseDetector | None = None
+) -> tuple[list[Alert], list[str], PhaseDetector]:
+    """Feed the (prepared) rows to a detector: (alerts, phase after each row, the detector)."""
+    det = detector if detector is not None else PhaseDetector()
+    n = len(df)
+    nan_col = [math.nan] * n
+    cols = [
+        pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float).tolist()
+        if c in df.columns
+        else nan_col
+        for c in INPUT_COLUMNS
+    ]
+    steps = df[C.STEP].to_numpy(dtype=float).tolist()
+    alerts: list[Alert] = []
+    phases: list[str] = []
+    update = det._update
+    add_phase = phases.append
+    for step, *values in zip(steps, *cols):
+        new = update(step, tuple(values))
+        if new:
+            alerts.extend(new)
+        add_phase(det._phase)
+    return alerts, phases, det
+
+
+def analyze_run(obj: Any, *, config: DetectorConfig | None = None, refine: bool = True) -> Analysis:
+    """Analyse a whole run: ``Run``, DataFrame (canonical columns) or path.
+
+    ``refine=False`` keeps the segment boundaries where the online detector became sure.
+    """
+    df = prepare_steps(load_steps(obj))
+    det = PhaseDetector(config)
+    if df.empty:
+        return Analysis([], [], None, [], list(INPUT_COLUMNS), det.limitations())
+    alerts, phases, det = replay(df, det)
+    steps = df[C.STEP].to_numpy(dtype=np.int64)
+    segments = _segments(phases, steps)
+    if refine:
+        segments = _refine(segments, df, det)
+    segs = [
+        PhaseSegment(p, int(a), int(b), {**_segment_evidence(df, int(a), int(b)), **ev})
+        for p, a, b, ev in segments
+    ]
+    return Analysis(
+        phases=segs,
+        alerts=alerts,
+        collapse_step=_collapse_step(df, segs),
+        signals_used=det.signals_used,
+        signals_missing=det.signals_missing,
+        notes=det.limitations(),
+    )
+
+
+# --- segments ---------------------------------------------------------------------------------
+
+
+def _segments(phases: Sequence[str], steps: np.ndarray) -> list[list[Any]]:
+    """Runs of equal phase: [phase, start_step, end_step, evidence]."""
+    out: list[list[Any]] = []
+    for i, p in enumerate(phases):
+        if out and out[-1][0] == p:
+            out[-1][2] = int(steps[i])
+        else:
+            out.append([p, int(steps[i]), int(steps[i]), {"detected_at": int(steps[i])}])
+    return out
+
+
+def _refine(segs: list[list[Any]], df: pd.DataFrame, det: PhaseDetector) -> list[list[Any]]:
+    """Move each escalation back to the change point of its driving signal, when significant."""
+    has_lp = C.LOGP_CORRECT in det.signals_used
+    # the warm-up is 'unknown' only for lack of rows: with the LLD signal, hindsight gives it
+    # to the first confirmed phase when that phase is healthy or stagnation
+    if (
+        len(segs) > 1
+        and segs[0][0] == "unknown"
+        and has_lp
+        and segs[1][0] in ("healthy", "stagnation")
+    ):
+        segs[1][1] = segs[0][1]
+        segs[1][3] = {**segs[1][3], "warmup_merged": True}
+        segs = segs[1:]
+    steps = df[C.STEP].to_numpy(dtype=float)
+    window = det.config.window_steps
+    for i in range(1, len(segs)):
+        prev, cur = segs[i - 1], segs[i]
+        if cur[0] not in _LLD_PHASES or _RANK[cur[0]] <= _RANK[prev[0]]:
+            continue
+        col = C.LOGP_CORRECT if has_lp else C.REWARD_MEAN
+        if col not in df.columns:
+            continue
+        hi = cur[1]
+        lo = max(prev[1], hi - 4 * window)
+        sel = (steps >= lo) & (steps <= hi)
+        y = pd.to_numeric(df.loc[sel, col], errors="coerce").to_numpy(dtype=float)
+        x = steps[sel]
+        ok = np.isfinite(y)
+        cp = _change_point(x[ok], y[ok])
+        if cp is not None and prev[1] < cp < hi:
+            prev[2] = int(steps[steps < cp].max())
+            cur[1] = int(cp)
+            cur[3] = {**cur[3], "boundary": f"change point of {col} (ruptures Binseg, linear)"}
+        elif cp is None and cur[0] == "stagnation" and _RANK[prev[0]] == 0 and ok.sum() >= 5:
+            # no change in the driving signal over [lo, hi]: the regime that fired held there
+            if lo <= prev[1]:
+                prev[2] = -1  # swallowed whole
+                cur[1] = prev[1]
+            else:
+                prev[2] = int(steps[steps < lo].max())
+                cur[1] = int(lo)
+            cur[3] = {**cur[3], "boundary": f"no change point of {col} in the window before"}
+    return [s for s in segs if s[2] >= s[1]]
+
+
+def _change_point(x: np.ndarray, y: np.ndarray, *, min_size: int = 8, f_min: float = 25.0):
+    """Step of the best single break of a two-piece linear fit of y on x, or None if weak.
+
+    Significance: the F-like ratio of the RSS saved by the break to the residual variance
+    after it must reach ``f_min``.
+    """
+    n = len(y)
+    if n < 3 * min_size:
+        return None
+    import ruptures as rpt
+
+    signal = np.column_stack([y, np.ones(n), x - x[0]])  # [n, 3]: target, intercept, step
+    algo = rpt.Binseg(model="linear", min_size=min_size, jump=1).fit(signal)
+    bk = algo.predict(n_bkps=1)[0]
+    if not 0 < bk < n:
+        return None
+    cost = algo.cost
+    rss0 = cost.error(0, n)
+    rss1 = cost.error(0, bk) + cost.error(bk, n)
+    dof = n - 4
+    if rss1 <= 0.0:
+        return int(x[bk]) if rss0 > 0.0 else None
+    f = (rss0 - rss1) / (rss1 / dof)
+    return int(x[bk]) if f >= f_min else None
+
+
+def _segment_evidence(df: pd.DataFrame, start: int, end: int) -> dict[str, Any]:
+    """Robust start/end levels of the main signals inside a segment (medians of 5 rows)."""
+    part = df[(df[C.STEP] >= start) & (df[C.STEP] <= end)]
+    ev: dict[str, Any] = {"rows": len(part)}
+    for col in (C.REWARD_MEAN, C.LOGP_CORRECT, C.GRAD_NORM, C.ENTROPY, C.FRAC_CORRECT_DISPLACED):
+        if col not in part.columns:
+            continue
+        vals = pd.to_numeric(part[col], errors="coerce").dropna()
+        if vals.empty:
+            continue
+        ev[f"{col}_start"] = float(vals.iloc[:5].median())
+        ev[f"{col}_end"] = float(vals.iloc[-5:].median())
+    return ev
+
+
+def _collapse_step(df: pd.DataFrame, segs: Sequence[PhaseSegment]) -> int | None:
+    """First step in a collapse segment where the reward (median of 5 rows) is below half its
+    peak so far; the collapse segment's start when the reward is absent or never halved."""
+    col_segs = [s for s in segs if s.phase == "collapse"]
+    if not col_segs:
+        return None
+    first = col_segs[0]
+    if C.REWARD_MEAN not in df.columns:
+        return first.start_step
+    r = pd.to_numeric(df[C.REWARD_MEAN], errors="coerce")
+    smooth = r.rolling(5, center=True, min_periods=1).median().to_numpy(dtype=float)
+    steps = df[C.STEP].to_numpy(dtype=np.int64)
+    peak = np.fmax.accumulate(np.where(np.isfinite(smooth), smooth, -np.inf))
+    halved = (steps >= first.start_step) & (smooth < 0.5 * peak) & (peak > 0)
+    idx = np.flatnonzero(halved)
+    return int(steps[idx[0]]) if idx.size else first.start_step
