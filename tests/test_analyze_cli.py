@@ -209,3 +209,20 @@ def test_unreadable_inputs_exit_2(tmp_path, capsys, make):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert len(captured.err.strip().splitlines()) == 1
+
+
+def test_json_on_our_run_folder_and_a_checkpoint_folder(tmp_path, capsys):
+    _analyze_run()
+    runlog = pytest.importorskip("lld_monitor.runlog")
+    with runlog.RunWriter(tmp_path / "run") as w:
+        for step in range(1, 31):
+            w.log_step({C.STEP: step, C.REWARD_MEAN: step / 30, C.GRAD_NORM: 0.5})
+    assert main(["analyze", str(tmp_path / "run"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert C.REWARD_MEAN in doc["signals"]["used"]
+    # a TRL checkpoint folder: its trainer_state.json is read
+    ckpt = tmp_path / "checkpoint-20"
+    ckpt.mkdir()
+    (ckpt / "trainer_state.json").write_text((FIX / "trainer_state.json").read_text())
+    assert main(["analyze", str(ckpt)]) == 0
+    assert "format:   trl_trainer_state" in capsys.readouterr().out
