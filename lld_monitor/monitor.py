@@ -15,6 +15,7 @@ import math
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -418,7 +419,7 @@ class LLDMonitor:
         state = f"on (lambda={lam:g})" if enabled else "off"
         msg = f"LLDS switched {state} by {reason}"
         if enabled and self.reuse_warning:
-            logger.warning("lld_monitor: %s", self.reuse_warning)
+            warnings.warn(self.reuse_warning, UserWarning, stacklevel=4)
             msg += f"; {self.reuse_warning}"
         with self.guard("llds switch event"):
             self._event(
@@ -755,7 +756,7 @@ class LLDMonitor:
 
     @staticmethod
     def sum_layout() -> tuple[tuple[str, ...], int]:
-        """Layout of the reduced step vector: standard fields, then K confidence and K probe sums."""
+        """Layout of the reduced vector: standard fields, K confidence sums, K probe sums."""
         from lld_monitor.metrics import SUM_FIELDS
 
         return _STD_FIELDS, len(SUM_FIELDS)

@@ -155,6 +155,7 @@ class GRPOAdapter(TrainerAdapter):
         self._rng = torch.Generator().manual_seed(0)  # probe sampling; never the global RNG
         self._warned: set[str] = set()
         self.probe_records: list[Any] = []  # the ProbeRecords of the last step (tests, drill-down)
+        self.probe_inputs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, attention) each
 
     def meta(self) -> dict[str, Any]:
         args, tr = self.trainer.args, self.trainer
@@ -316,7 +317,7 @@ class GRPOAdapter(TrainerAdapter):
     # -- probe and row ------------------------------------------------------------------------
 
     def on_step_end(self, state: Any, control: Any) -> None:
-        self.probe_records = []
+        self.probe_records, self.probe_inputs = [], []
         with self.monitor.guard("post-update probe"):
             self._probe_finished(final=state.max_steps > 0 and state.global_step >= state.max_steps)
         self.finish_step(state.global_step, {})
@@ -395,6 +396,7 @@ class GRPOAdapter(TrainerAdapter):
             generated=generated,
         )
         self.probe_records.append(rec)
+        self.probe_inputs.append((input_ids, attention))
 
     def finish_step(self, step: int, extra: Any) -> dict[str, Any]:
         row = super().finish_step(step, extra)

@@ -1,0 +1,318 @@
+"""LLDMonitor on a real TRL GRPOTrainer (tiny Qwen2 from a config, offline, CPU)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from lld_grpo_script import build_tokenizer, make_grpo_trainer, reward_length
+from transformers import TrainerCallback
+
+from lld_monitor import LLDMonitor, LLDSConfig, load_run
+from lld_monitor import columns as C
+from lld_monitor.events import Alert
+from lld_monitor.integrations import trl as trl_adapter
+from lld_monitor.tiny import build_tiny_model
+
+
+def test_trl_internals_unchanged() -> None:
+    """Fails loudly when the installed TRL moves a GRPOTrainer internal the adapter wraps."""
+    from trl import GRPOTrainer
+
+    assert trl_adapter.check_grpo_internals(GRPOTrainer) == []
+    assert trl_adapter.check_trl_version() >= trl_adapter.TRL_MIN
+    for name in trl_adapter.WRAPPED_GRPO_METHODS:
+        assert callable(getattr(GRPOTrainer, name)), name
+    # TRL gives back the old log-probs only under this condition; the adapter relies on it.
+    import inspect
+
+    src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert "self.args.gradient_accumulation_steps % generate_every != 0" in src
+    assert 'output["old_per_token_logps"]' in src
+    src = inspect.getsource(GRPOTrainer._compute_loss)
+    assert "self._get_per_token_logps_and_entropies(" in src
+
+
+@pytest.mark.parametrize("version", ["1.15.2", "1.17.0", "2.0.0"])
+def test_version_outside_tested_range_is_refused(version: str) -> None:
+    with pytest.raises(ValueError, match=r"tested with trl>=1.16,<1.17"):
+        trl_adapter.check_trl_version(version)
+
+
+def _token_logps(
+    model: Any, input_ids: torch.Tensor, attention: torch.Tensor, t: int
+) -> torch.Tensor:
+    """Independent recomputation: [B, t] log-probs of the last t tokens by a plain forward."""
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention).logits  # [B, P+T, V]
+    logp = torch.log_softmax(logits[:, :-1].double(), -1)  # [B, P+T-1, V]
+    tok = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, P+T-1]
+    return tok[:, -t:]
+
+
+class _Snapshots(TrainerCallback):
+    """Copies the policy right before each generation and right after each probe."""
+
+    def __init__(self, trainer: Any, monitor: LLDMonitor) -> None:
+        self.trainer, self.monitor = trainer, monitor
+        self.before: dict[int, Any] = {}
+        self.checks: list[tuple[Any, Any, Any, Any, int]] = []
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        every = args.steps_per_generation * self.trainer.num_iterations
+        if self.trainer._step % every == 0:
+            self.pre = copy.deepcopy(self.trainer.model.state_dict())
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        adapter = self.monitor.adapter
+        for rec, (ids, att) in zip(adapter.probe_records, adapter.probe_inputs, strict=True):
+            post = copy.deepcopy(self.trainer.model.state_dict())
+            self.checks.append((rec, ids, att, (self.pre, post), state.global_step))
+
+
+def test_rows_probe_and_grad_norm_match_independent_recomputation(tmp_path: Any) -> None:
+    """Recorded per-completion change = forward before/after; recorded grad norm = TRL's log."""
+    monitor = LLDMonitor(
+        tmp_path / "run", probe_fraction=1.0, strict=True, detector=None, correct_threshold=0.2
+    )
+    # steps_per_generation=2 with GA=1: two optimizer updates per generation batch.
+    trainer = make_grpo_trainer(
+        tmp_path / "tr", max_steps=4, steps_per_generation=2, reward_funcs=[reward_length]
+    )
+    monitor.attach(trainer)
+    snaps = _Snapshots(trainer, monitor)
+    trainer.add_callback(snaps)
+    trainer.train()
+
+    run = load_run(tmp_path / "run")
+    steps = run.steps.set_index(C.STEP)
+    assert list(steps.index) == [1, 2, 3, 4]  # one row per optimizer step
+    # Probes only after the last update on a generation batch: steps 2 and 4.
+    assert [c[4] for c in snaps.checks] == [2, 4]
+    assert steps[C.N_CORRECT].isna().tolist() == [True, False, True, False]
+
+    # Independent recomputation: load the snapshots and forward the same ids, (a) through TRL's
+    # log-prob function (its fused LM head differs from a plain log_softmax by ~1e-3 per token),
+    # (b) through a plain forward + log_softmax of a fresh model, with a tolerance for that.
+    plain = build_tiny_model(build_tokenizer(), hidden_size=32, num_layers=1)
+    for rec, ids, att, (pre, post), step in snaps.checks:
+        t = rec.mask.shape[1]
+        m = rec.mask.double()
+        logps = {}
+        for name, state in (("before", pre), ("after", post)):
+            trainer.model.load_state_dict(state)
+            with torch.no_grad():
+                trl_logp = trainer._get_per_token_logps_and_entropies(trainer.model, ids, att, t)[0]
+            plain.load_state_dict(state)
+            logps[name] = (trl_logp.double(), _token_logps(plain, ids, att, t))
+        expected = ((logps["after"][0] - logps["before"][0]) * m).sum(-1)  # [B] summed change
+        assert rec.delta.shape == expected.shape and rec.delta.shape[0] == 8  # whole batch
+        torch.testing.assert_close(rec.delta.double(), expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            rec.logp_old.double() * m, logps["before"][0] * m, atol=1e-5, rtol=0
+        )
+        expected_plain = ((logps["after"][1] - logps["before"][1]) * m).sum(-1)
+        torch.testing.assert_close(rec.delta.double(), expected_plain, atol=1e-2, rtol=0)
+        # The row's columns are the means of these per-completion changes.
+        correct = rec.correct
+        row = steps.loc[step]
+        assert row[C.N_CORRECT] == int(correct.sum())
+        assert row[C.N_INCORRECT] == int((~correct).sum())
+        if (~correct).any():
+            assert row[C.DELTA_INCORRECT] == pytest.approx(
+                float(expected[~correct].mean()), abs=1e-4
+            )
+        if correct.any():
+            assert row[C.DELTA_CORRECT] == pytest.approx(float(expected[correct].mean()), abs=1e-4)
+            frac = float((expected[correct] <= 0).double().mean())
+            assert row[C.FRAC_CORRECT_DISPLACED] == pytest.approx(frac)
+
+    logged = {h["step"]: h for h in trainer.state.log_history if "grad_norm" in h}
+    assert sorted(logged) == [1, 2, 3, 4]
+    for step, h in logged.items():
+        assert steps.loc[step, C.GRAD_NORM] == pytest.approx(h["grad_norm"], rel=1e-6)
+        assert steps.loc[step, C.LEARNING_RATE] == pytest.approx(h["learning_rate"], rel=1e-9)
+        # The main columns also reach the trainer's own logs (so report_to carries them).
+        assert h[trl_adapter.TRAINER_LOG_PREFIX + C.GRAD_NORM_MAX] == pytest.approx(h["grad_norm"])
+    # Raw rewards per function and in total; tokens with text for drill-down.
+    assert steps[C.REWARD_FN_PREFIX + "reward_length"].notna().all()
+    fn_mean = steps[C.REWARD_FN_PREFIX + "reward_length"]
+    assert steps[C.REWARD_MEAN].tolist() == pytest.approx(fn_mean.tolist(), rel=1e-6)
+    tokens = run.tokens()
+    assert len(tokens) > 0 and set(tokens[C.TOK_STEP]) <= {2, 4}
+    assert tokens[C.TOK_TEXT].str.len().gt(0).all() and (tokens[C.TOK_DELTA] < 0).all()
+    assert run.meta["trainer"] == "trl.GRPOTrainer" and run.meta["lld_columns"] is True
+
+
+class _EnableAt(TrainerCallback):
+    def __init__(self, monitor: LLDMonitor, step: int) -> None:
+        self.monitor, self.step = monitor, step
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step + 1 == self.step:
+            self.monitor.llds.enable(1.0, reason="test callback")
+
+
+def _history(trainer: Any) -> dict[int, tuple[float, float]]:
+    return {
+        h["step"]: (h["loss"], h["grad_norm"]) for h in trainer.state.log_history if "loss" in h
+    }
+
+
+def test_llds_enabled_at_step_k_changes_only_later_steps(tmp_path: Any) -> None:
+    """No monitor vs monitor with LLDS switched on at step 3 of 4 (two updates per batch)."""
+    plain = make_grpo_trainer(tmp_path / "a", max_steps=4, steps_per_generation=2)
+    plain.train()
+    monitor = LLDMonitor(tmp_path / "run", strict=True, detector=None)
+    tr = make_grpo_trainer(tmp_path / "b", max_steps=4, steps_per_generation=2)
+    monitor.attach(tr)
+    tr.add_callback(_EnableAt(monitor, 3))
+    tr.train()
+    a, b = _history(plain), _history(tr)
+    # Steps 1-2: identical to training without any monitor (no loss change while LLDS is off).
+    for step in (1, 2):
+        assert a[step] == b[step]
+    # Step 3 is the first update on a fresh batch (pi_theta == pi_old): LLDS is exactly 0.
+    assert a[3] == b[3]
+    # Step 4 reuses the batch after an update: LLDS acts.
+    assert a[4][1] != b[4][1]
+    steps = load_run(tmp_path / "run").steps.set_index(C.STEP)
+    assert steps[C.LLDS_ENABLED].tolist() == [0, 0, 1, 1]
+    assert steps[C.LLDS_LAMBDA].tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert steps.loc[3, C.LLDS_LOSS] == 0.0 and steps.loc[4, C.LLDS_LOSS] > 0.0
+    events = load_run(tmp_path / "run").events
+    interventions = events[events[C.EVENT_TYPE] == "intervention"]
+    assert interventions[C.EVENT_KIND].tolist() == ["llds_enable"]
+    assert interventions[C.EVENT_STEP].tolist() == [3]
+
+
+def test_no_batch_reuse_warns_at_attach_and_at_enable(tmp_path: Any) -> None:
+    # num_iterations=1, steps_per_generation=GA=1: every update sees pi_theta == pi_old.
+    trainer = make_grpo_trainer(tmp_path / "tr", max_steps=1)
+    monitor = LLDMonitor(tmp_path / "run", llds=LLDSConfig(), detector=None)
+    with pytest.warns(UserWarning, match="identically zero.*steps_per_generation"):
+        monitor.attach(trainer)
+    monitor.llds.disable()
+    with pytest.warns(UserWarning, match="identically zero"):
+        monitor.llds.enable()
+    monitor.close()
+    # With reuse (two updates per batch) there is no warning.
+    trainer = make_grpo_trainer(tmp_path / "tr2", max_steps=1, steps_per_generation=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        LLDMonitor(tmp_path / "run2", llds=LLDSConfig(), detector=None).attach(trainer).close()
+    assert trl_adapter.llds_reuse_problem(2, 1, 2) is not None  # both iterations in one update
+    assert trl_adapter.llds_reuse_problem(2, 1, 1) is None
+
+
+class _ScriptedDetector:
+    """A detector that raises given alerts at given steps (the monitor's plumbing is under test)."""
+
+    def __init__(self, script: dict[int, list[Alert]]) -> None:
+        self.script = script
+        self.rows: list[dict[str, Any]] = []
+        self.phase = "healthy"
+
+    def update(self, row: dict[str, Any]) -> list[Alert]:
+        self.rows.append(dict(row))
+        alerts = self.script.get(int(row[C.STEP]), [])
+        if alerts:
+            self.phase = alerts[-1].kind
+        return alerts
+
+
+class _RecordingSink:
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.alerts: list[Alert] = []
+        self.closed = False
+
+    def log_step(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+
+    def alert(self, alert: Alert) -> None:
+        self.alerts.append(alert)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_event_sequence_of_a_short_run_end_to_end(tmp_path: Any) -> None:
+    stagnation = Alert(2, "stagnation", "warning", "correct likelihood flat", {"slope": 0.0})
+    collapse = Alert(3, "collapse", "critical", "grad norm surge", {"grad_norm": 9.0})
+    detector = _ScriptedDetector({2: [stagnation], 3: [collapse]})
+    sink = _RecordingSink()
+    monitor = LLDMonitor(
+        tmp_path / "run",
+        detector=detector,
+        sinks=[sink],
+        auto_llds=True,
+        stop_on_collapse=True,
+        checkpoint_on_collapse=True,
+        strict=True,
+    )
+    trainer = make_grpo_trainer(tmp_path / "tr", max_steps=6, steps_per_generation=2)
+    monitor.attach(trainer)
+    trainer.train()
+    assert trainer.state.global_step == 3  # stopped by stop_on_collapse
+    run = load_run(tmp_path / "run")
+    seq = list(zip(run.events[C.EVENT_TYPE], run.events[C.EVENT_KIND], strict=True))
+    assert seq == [
+        ("lifecycle", "start"),
+        ("lifecycle", "attach"),
+        ("phase", "stagnation"),
+        ("alert", "stagnation"),
+        ("intervention", "llds_enable"),
+        ("phase", "collapse"),
+        ("alert", "collapse"),
+        ("intervention", "stop"),
+        ("intervention", "checkpoint"),
+        ("lifecycle", "end"),
+    ]
+    assert run.steps[C.STEP].tolist() == [1, 2, 3]
+    assert run.steps[C.LLDS_ENABLED].tolist() == [0, 0, 1]
+    assert run.steps[C.LLDS_LAMBDA].tolist()[-1] == 0.2  # auto_llds uses the paper's lambda
+    assert [r[C.STEP] for r in detector.rows] == [1, 2, 3]
+    assert [r[C.STEP] for r in sink.rows] == [1, 2, 3] and sink.alerts == [stagnation, collapse]
+    assert sink.closed and run.finished
+    assert (tmp_path / "tr" / "checkpoint-3").is_dir()  # checkpoint_on_collapse saved
+
+
+class _FailingSink:
+    def log_step(self, row: dict[str, Any]) -> None:
+        raise OSError("disk full (simulated)")
+
+
+def test_monitor_exception_training_continues_unless_strict(tmp_path: Any) -> None:
+    def bad_correct_fn(rewards: Any, advantages: Any) -> Any:
+        raise RuntimeError("user correct_fn is broken")
+
+    monitor = LLDMonitor(tmp_path / "run", correct_fn=bad_correct_fn, sinks=[_FailingSink()])
+    trainer = make_grpo_trainer(tmp_path / "tr", max_steps=2)
+    monitor.attach(trainer)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    run = load_run(tmp_path / "run")
+    assert run.steps[C.STEP].tolist() == [1, 2]  # rows still written
+    errors = run.events[run.events[C.EVENT_TYPE] == "error"]
+    # Each failure is recorded once with its cause, not once per step.
+    assert sorted(errors[C.EVENT_KIND]) == [
+        "observe_rollout",
+        "post-update probe",
+        "sink _FailingSink.log_step",
+    ]
+    assert errors[C.EVENT_MESSAGE].str.contains("user correct_fn is broken|disk full").all()
+
+    strict = LLDMonitor(tmp_path / "run2", correct_fn=bad_correct_fn, strict=True, detector=None)
+    trainer = make_grpo_trainer(tmp_path / "tr2", max_steps=2)
+    strict.attach(trainer)
+    with pytest.raises(RuntimeError, match="user correct_fn is broken"):
+        trainer.train()
+
+
+def test_attach_refuses_unknown_objects(tmp_path: Any) -> None:
+    with pytest.raises(ValueError, match="hand-written loop"):
+        LLDMonitor(tmp_path / "run").attach(object())
