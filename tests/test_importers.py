@@ -411,3 +411,48 @@ def test_tensor_reprs_and_ansi_colours(tmp_path):
     assert df.attrs["source_format"] == "verl_console"
     assert list(df[C.STEP]) == [4, 5]
     _close(_col(df, C.REWARD_MEAN), [0.5, 0.25])
+
+
+VERL_PY = Path(__file__).resolve().parents[1] / ".venv-verl" / "bin" / "python"
+
+_VERL_SCRIPT = """
+import os, sys
+import numpy as np
+os.environ["VERL_FILE_LOGGER_PATH"] = sys.argv[1]
+from verl.utils.tracking import Tracking
+t = Tracking(project_name="p", experiment_name="e", default_backend=["console", "file"])
+t.log({"critic/score/mean": np.float64(0.25), "actor/grad_norm": 0.5,
+       "actor/entropy": np.float32(1.5), "response_length/mean": 100,
+       "lld/frac_correct_displaced": float("nan"), "timing_s/step": 3.0}, step=1)
+t.log({"critic/score/mean": 0.5, "actor/grad_norm": np.float64(2.0), "actor/entropy": 1.25,
+       "response_length/mean": np.int64(120), "lld/frac_correct_displaced": 0.75}, step=2)
+"""
+
+
+@pytest.mark.verl
+@pytest.mark.skipif(not VERL_PY.exists(), reason="no .venv-verl with verl installed")
+def test_verl_own_console_and_file_logger_output(tmp_path):
+    """verl's own Tracking (console + file backends) writes the files; both import the same."""
+    import subprocess
+
+    jsonl = tmp_path / "metrics.jsonl"
+    proc = subprocess.run(
+        [str(VERL_PY), "-c", _VERL_SCRIPT, str(jsonl)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    console = tmp_path / "console.log"
+    console.write_text(proc.stdout + proc.stderr)
+    assert "np.float64(0.25)" in proc.stdout  # verl pprints numpy scalars
+    for path, fmt in ((console, "verl_console"), (jsonl, "verl_jsonl")):
+        df = load_table(path)
+        assert df.attrs["source_format"] == fmt
+        assert list(df[C.STEP]) == [1, 2]
+        _close(_col(df, C.REWARD_MEAN), [0.25, 0.5])
+        _close(_col(df, C.GRAD_NORM), [0.5, 2.0])
+        _close(_col(df, C.ENTROPY), [1.5, 1.25])
+        _close(_col(df, C.COMPLETION_LENGTH), [100.0, 120.0])
+        _close(_col(df, C.FRAC_CORRECT_DISPLACED), [float("nan"), 0.75])  # orjson writes null
