@@ -1,0 +1,198 @@
+"""Scoring detectors on labelled runs: early warning of collapses and false alarms.
+
+One scorer for every detector (ours and the baselines): each gives ``Alert`` lists, scored
+against the labels written by ``lld_monitor.testing``:
+- a collapse is *caught before it happens* when a warning alert fires before ``collapse_step``;
+- normalised lead = ``(collapse_step - first_warning_step) / collapse_step`` when caught before,
+  0 otherwise (caught late or never: no lead);
+- a *false alarm* run is a run that does not collapse (no ``collapse_step``, no non-LLD failure)
+  but gets an alert of kind ``decay`` or ``collapse``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lld_monitor.analysis.baselines import GradSpikeDetector, RewardDropDetector
+from lld_monitor.analysis.detector import PhaseDetector
+from lld_monitor.analysis.offline import prepare_steps, replay
+from lld_monitor.events import Alert
+
+#: detector name -> factory; every object has ``update(row) -> list[Alert]``
+DETECTORS: dict[str, Callable[[], Any]] = {
+    "ours": PhaseDetector,
+    "grad_spike": GradSpikeDetector,
+    "reward_drop": RewardDropDetector,
+}
+#: alert kinds that count as a warning of the death spiral
+WARNING_KINDS: frozenset[str] = frozenset({"stagnation", "decay", "collapse"})
+#: alert kinds that are false alarms on a run that does not collapse
+FALSE_KINDS: frozenset[str] = frozenset({"decay", "collapse"})
+
+
+@dataclass(frozen=True)
+class RunScore:
+    """One detector on one labelled run."""
+
+    detector: str
+    run: str
+    kind: str
+    standard_only: bool
+    collapse_step: int | None
+    first_warning: int | None
+    caught_before: bool
+    lead: float | None  # normalised lead (collapse runs only)
+    false_alarm: bool
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One detector over a set of runs."""
+
+    detector: str
+    n_collapse: int
+    caught_before: int
+    median_lead: float | None
+    n_negative: int  # runs that neither collapse nor fail otherwise
+    false_alarm_runs: int
+    by_group: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Scores of every detector: ``summaries`` by name and every ``RunScore``."""
+
+    summaries: dict[str, Summary]
+    scores: list[RunScore]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "detectors": {k: asdict(v) for k, v in self.summaries.items()},
+            "runs": [asdict(s) for s in self.scores],
+        }
+
+    def table(self) -> str:
+        """A plain-text table, one line per detector."""
+        head = (
+            f"{'detector':<12} {'caught before':>14} {'median lead':>12} "
+            f"{'false-alarm runs':>17}   LLD cols / standard only: caught, median lead"
+        )
+        lines = [head, "-" * len(head)]
+        for s in self.summaries.values():
+            lead = "n/a" if s.median_lead is None else f"{s.median_lead:.3f}"
+            groups = "; ".join(
+                f"{g}: {v['caught_before']}/{v['n_collapse']}, "
+                f"{'n/a' if v['median_lead'] is None else format(v['median_lead'], '.3f')}"
+                for g, v in s.by_group.items()
+            )
+            lines.append(
+                f"{s.detector:<12} {f'{s.caught_before}/{s.n_collapse}':>14} {lead:>12} "
+                f"{f'{s.false_alarm_runs}/{s.n_negative}':>17}   {groups}"
+            )
+        return "\n".join(lines)
+
+
+def run_detector(detector: Any, steps: pd.DataFrame) -> list[Alert]:
+    """All alerts of ``detector`` over the rows of ``steps`` (sorted, one row per step)."""
+    df = prepare_steps(steps)
+    if isinstance(detector, PhaseDetector):
+        return replay(df, detector)[0]
+    alerts: list[Alert] = []
+    for rec in df.to_dict("records"):
+        alerts.extend(detector.update(rec))
+    return alerts
+
+
+def score_run(
+    detector: str, alerts: Sequence[Alert], labels: Mapping[str, Any], run: str = ""
+) -> RunScore:
+    """Score one run's alerts against its labels."""
+    collapse = labels.get("collapse_step")
+    warnings = sorted(a.step for a in alerts if a.kind in WARNING_KINDS)
+    first = warnings[0] if warnings else None
+    caught = collapse is not None and first is not None and first < collapse
+    lead = None
+    if collapse is not None:
+        lead = (collapse - first) / collapse if caught else 0.0
+    negative = collapse is None and not labels.get("failure")
+    false_alarm = negative and any(a.kind in FALSE_KINDS for a in alerts)
+    return RunScore(
+        detector=detector,
+        run=run or str(labels.get("name", "")),
+        kind=str(labels.get("kind", "")),
+        standard_only=bool(labels.get("standard_only", False)),
+        collapse_step=collapse,
+        first_warning=first,
+        caught_before=caught,
+        lead=lead,
+        false_alarm=false_alarm,
+    )
+
+
+def _summarise(name: str, scores: Sequence[RunScore]) -> Summary:
+    col = [s for s in scores if s.collapse_step is not None]
+    neg = [s for s in scores if s.collapse_step is None and s.kind != "" and not _failed(s)]
+    groups: dict[str, dict[str, Any]] = {}
+    for g, members in (
+        ("lld", [s for s in col if not s.standard_only]),
+        ("standard", [s for s in col if s.standard_only]),
+    ):
+        leads = [s.lead for s in members if s.lead is not None]
+        groups[g] = {
+            "n_collapse": len(members),
+            "caught_before": sum(s.caught_before for s in members),
+            "median_lead": statistics.median(leads) if leads else None,
+        }
+    leads = [s.lead for s in col if s.lead is not None]
+    return Summary(
+        detector=name,
+        n_collapse=len(col),
+        caught_before=sum(s.caught_before for s in col),
+        median_lead=statistics.median(leads) if leads else None,
+        n_negative=len(neg),
+        false_alarm_runs=sum(s.false_alarm for s in neg),
+        by_group=groups,
+    )
+
+
+def _failed(score: RunScore) -> bool:
+    from lld_monitor.testing import FAILURE_KINDS
+
+    return score.kind in FAILURE_KINDS
+
+
+def evaluate(
+    runs: Iterable[tuple[pd.DataFrame, Mapping[str, Any]]],
+    detectors: Mapping[str, Callable[[], Any]] | None = None,
+) -> Evaluation:
+    """Score each detector (a fresh one per run) on ``(steps, labels)`` pairs."""
+    detectors = dict(detectors or DETECTORS)
+    scores: list[RunScore] = []
+    for steps, labels in runs:
+        for name, factory in detectors.items():
+            alerts = run_detector(factory(), steps)
+            scores.append(score_run(name, alerts, labels))
+    if not scores:
+        raise ValueError("no labelled runs to evaluate")
+    summaries = {n: _summarise(n, [s for s in scores if s.detector == n]) for n in detectors}
+    return Evaluation(summaries, scores)
+
+
+def load_labelled_runs(root: str | Path) -> list[tuple[pd.DataFrame, dict[str, Any]]]:
+    """Every run folder under ``root`` whose meta has ``labels`` (as ``simulate`` writes)."""
+    from lld_monitor.runlog import find_runs, load_run
+
+    out = []
+    for path in find_runs(root):
+        run = load_run(path)
+        labels = run.meta.get("labels")
+        if isinstance(labels, dict):
+            labels = {**labels, "name": labels.get("name", path.name)}
+            out.append((run.steps, labels))
+    return out
