@@ -214,13 +214,14 @@ def build_figure(
         if panel.hline is not None:
             fig.add_hline(y=panel.hline, line_dash="dot", line_color="#555", row=row, col=1)
         if not any(_has_data(r.steps, col) for r in runs for col, _ in panel.series):
+            y_domain = fig.layout[f"yaxis{row}"].domain  # paper coordinates of this row
             fig.add_annotation(
                 text="not logged by the selected run(s)",
                 showarrow=False,
-                xref=f"x{row} domain" if row > 1 else "x domain",
-                yref=f"y{row} domain" if row > 1 else "y domain",
+                xref="paper",
+                yref="paper",
                 x=0.5,
-                y=0.5,
+                y=(y_domain[0] + y_domain[1]) / 2,
                 font={"color": "#888"},
             )
     fig.update_yaxes(visible=False, row=1, col=1)
@@ -229,9 +230,9 @@ def build_figure(
         fig.update_xaxes(range=list(step_range))
     fig.update_layout(
         height=210 * len(PANELS) + 120,
-        margin={"l": 60, "r": 20, "t": 40, "b": 40},
+        margin={"l": 60, "r": 10, "t": 40, "b": 40},
         hovermode="x unified",
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.01, "x": 0},
+        legend={"orientation": "v", "yanchor": "top", "y": 1.0, "x": 1.01, "xanchor": "left"},
         uirevision="lld-dashboard",  # keep zoom and legend toggles across live refreshes
     )
     return fig

@@ -163,8 +163,9 @@ def test_run_renders_header_charts_widgets(tmp_path: Path, monkeypatch: pytest.M
     assert f"exp1 · {C.FRAC_CORRECT_DISPLACED}" in names
     assert "exp1 · events" in names
     events = next(d for d in spec["data"] if d.get("name") == "exp1 · events")
-    assert events["x"] == [30.0, 31.0]
-    assert "LLDS switched on" in events["text"][1]
+    logged = [(x, t) for x, t in zip(arr(events["x"]), events["text"]) if "(run log)" in t]
+    assert [x for x, _ in logged] == [30.0, 31.0]
+    assert "LLDS switched on" in logged[1][1]
     # the 50% line of the displaced-share panel is drawn
     assert any(s.get("y0") == 0.5 and s.get("y1") == 0.5 for s in spec["layout"]["shapes"])
     assert at.get("download_button")[0].proto.label == "Download CSV"
@@ -444,3 +445,32 @@ def test_discover_skips_symlinks_out_of_root(tmp_path: Path) -> None:
     (root / "b").symlink_to(tmp_path / "elsewhere")
     scope = sources.build_scope([root])
     assert [t.name for t in scope.targets] == ["a"]
+
+
+def test_simulated_spiral_shows_the_analyzers_phases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.runlog import load_run
+    from lld_monitor.testing import make_run
+    from lld_monitor.testing import write_run as write_simulated
+
+    path = write_simulated(make_run("collapse", n_steps=260, seed=3), tmp_path / "sim")
+    expected = analyze_run(load_run(path).steps)  # what the analyzer says, independently
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    text = all_text(at)
+    assert "SIMULATED" in text
+    assert f"**Phase**  \n{expected.phases[-1].phase}  \n" in text
+    spec = chart_spec(at)
+    rects = [s for s in spec["layout"]["shapes"] if s.get("type") == "rect"]
+    assert [(r["x0"], r["x1"]) for r in rects] == [
+        (seg.start_step, seg.end_step) for seg in expected.phases
+    ]
+    assert [r["fillcolor"] for r in rects] == [
+        charts.PHASE_COLORS[s.phase] for s in expected.phases
+    ]
+    events = next(d for d in spec["data"] if d.get("name") == "sim · events")
+    analyzer_steps = sorted(float(a.step) for a in expected.alerts)
+    assert sorted(arr(events["x"]).tolist()) == analyzer_steps  # no logged events: all post hoc
+    assert all("(analyzer)" in t for t in events["text"])
