@@ -105,10 +105,20 @@ def _wandb_records(run_dir: Path) -> list[Any]:
     blocks of chunks, each with a 7-byte header (crc32 u32, length u16, type u8: 1 full,
     2 first, 3 middle, 4 last); a block tail shorter than a header is zero padding.
     """
+    (path,) = run_dir.glob("run-*.wandb")
+    deadline = time.monotonic() + 60
+    while True:  # wandb-core may still be flushing the file after run.finish() returns
+        records = _parse_wandb_log(path.read_bytes())
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path}: no exit record after 60 s")
+        time.sleep(0.1)
+
+
+def _parse_wandb_log(data: bytes) -> list[Any]:
     from wandb.proto import wandb_internal_pb2 as pb
 
-    (path,) = run_dir.glob("run-*.wandb")
-    data = path.read_bytes()
     assert data[:4] == b":W&B"
     block, pos, parts, out = 32768, 7, b"", []
     while pos + 7 <= len(data):
@@ -120,6 +130,8 @@ def _wandb_records(run_dir: Path) -> list[Any]:
         if kind == 0:  # zero padding up to the end of the block
             pos += left
             continue
+        if pos + 7 + length > len(data):
+            break  # a chunk still being written
         payload = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         parts = payload if kind in (1, 2) else parts + payload
