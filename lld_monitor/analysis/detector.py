@@ -381,18 +381,6 @@ class PhaseDetector:
             self._alpha[dt] = w
         return w
 
-    def _streak(self, key: str, cond: bool, step: float) -> float:
-        """Steps the condition ``key`` has held continuously up to ``step`` (-1 when it fails)."""
-        since = self._since
-        if not cond:
-            since[key] = _NAN
-            return -1.0
-        s = since[key]
-        if s != s:
-            since[key] = step
-            return 0.0
-        return step - s
-
     def _update(self, step: float, v: tuple[float, ...]) -> list[Alert]:
         """Core update on the value tuple ordered as ``INPUT_COLUMNS``."""
         if step <= self._last_step:
@@ -558,8 +546,14 @@ class PhaseDetector:
             (2, "r2", cfg.persist_steps),
             (3, "r3", cfg.collapse_persist_steps),
         ):
-            if self._streak(key, rank >= r, step) >= need and r > target:
-                target = r
+            if rank >= r:
+                s = since[key]
+                if s != s:
+                    since[key] = s = step
+                if step - s >= need and r > target:
+                    target = r
+            else:
+                since[key] = _NAN
         if target > cur:
             new = _BY_RANK[target]
             alerts.append(self._phase_alert(istep, new, self._evidence()))
@@ -734,15 +728,26 @@ class PhaseDetector:
             he > 0.0 and hf <= cfg.entropy_floor_frac * he,
             le > 0.0 and lf >= cfg.length_blowup_ratio * le,
         )
+        since, fired, need = self._since, self._fired, cfg.failure_persist_steps
         for kind, cond in zip(_FAILURES, conds):
-            held = self._streak(kind, cond, step)
-            off = self._streak(kind + "_off", not cond, step)
+            off_key = kind + "_off"
             if cond:
-                if held >= cfg.failure_persist_steps and not self._fired[kind]:
-                    self._fired[kind] = True
+                since[off_key] = _NAN
+                s = since[kind]
+                if s != s:
+                    since[kind] = s = step
+                held = step - s
+                if held >= need and not fired[kind]:
+                    fired[kind] = True
                     alerts.append(self._failure_alert(kind, istep, held, zstd, rstd))
-            elif off >= cfg.failure_persist_steps:
-                self._fired[kind] = False
+            else:
+                since[kind] = _NAN
+                if fired[kind]:  # re-arm once the condition has been clear long enough
+                    s = since[off_key]
+                    if s != s:
+                        since[off_key] = s = step
+                    if step - s >= need:
+                        fired[kind] = False
 
     def _failure_alert(self, kind: str, step: int, held: float, zstd: float, rstd: float) -> Alert:
         he, hf = self._h_early, self._ema[_H_F]

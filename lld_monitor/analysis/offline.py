@@ -115,8 +115,8 @@ def replay(
     phases: list[str] = []
     update = det._update
     add_phase = phases.append
-    for step, *values in zip(steps, *cols):
-        new = update(step, tuple(values))
+    for step, values in zip(steps, zip(*cols)):
+        new = update(step, values)
         if new:
             alerts.extend(new)
         add_phase(det._phase)
