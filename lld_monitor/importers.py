@@ -71,7 +71,7 @@ FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
     # KL to the reference first (verl's kl_loss), then verl's old-vs-current ppo_kl
     C.KL: ("actor/kl_loss", "actor/ppo_kl"),
     C.COMPLETION_LENGTH: ("completions/mean_length", "response_length/mean"),
-    C.NUM_SEARCHES: ("env/number_of_valid_search",),
+    C.NUM_SEARCHES: ("tools/call_frequency", "env/number_of_valid_search"),
     C.FRAC_ZERO_STD_GROUPS: ("frac_reward_zero_std",),
 }
 

@@ -456,3 +456,42 @@ def test_verl_own_console_and_file_logger_output(tmp_path):
         _close(_col(df, C.ENTROPY), [1.5, 1.25])
         _close(_col(df, C.COMPLETION_LENGTH), [100.0, 120.0])
         _close(_col(df, C.FRAC_CORRECT_DISPLACED), [float("nan"), 0.75])  # orjson writes null
+
+
+@pytest.mark.slow
+def test_real_grpo_trainer_outputs_import(tmp_path, capfd, monkeypatch):
+    """A real 3-step TRL GRPOTrainer run on a tiny model writes trainer_state.json, TensorBoard
+    events and console dicts; each imports to the trainer's own log_history."""
+    pytest.importorskip("trl")
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    from lld_grpo_script import make_grpo_trainer, reward_has_a, reward_length
+
+    out = tmp_path / "trl"
+    trainer = make_grpo_trainer(
+        out, max_steps=3, report_to="tensorboard", reward_funcs=[reward_has_a, reward_length]
+    )
+    trainer.train()
+    trainer.state.save_to_json(str(out / "trainer_state.json"))
+    captured = capfd.readouterr()
+    console = tmp_path / "console.log"
+    console.write_text(captured.out + captured.err)
+    train = [h for h in trainer.state.log_history if "reward" in h]
+    assert [h["step"] for h in train] == [1, 2, 3]
+    expected = {
+        C.REWARD_MEAN: [h["reward"] for h in train],
+        C.GRAD_NORM: [h["grad_norm"] for h in train],
+        C.ENTROPY: [h["entropy"] for h in train],
+        C.COMPLETION_LENGTH: [h["completions/mean_length"] for h in train],
+        C.REWARD_FN_PREFIX + "reward_length": [h["rewards/reward_length/mean"] for h in train],
+    }
+    # trainer_state.json: exact; TensorBoard: float32; console: printed with 4 significant digits
+    for path, fmt, rel in (
+        (out / "trainer_state.json", "trl_trainer_state", 1e-12),
+        (out, "tensorboard", 1e-6),
+        (console, "trl_console", 1e-3),
+    ):
+        df = load_table(path)
+        assert df.attrs["source_format"] == fmt
+        assert list(df[C.STEP]) == [1, 2, 3], fmt
+        for col, values in expected.items():
+            assert _col(df, col) == pytest.approx(values, rel=rel, abs=1e-6), (fmt, col)
