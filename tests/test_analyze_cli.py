@@ -226,3 +226,15 @@ def test_json_on_our_run_folder_and_a_checkpoint_folder(tmp_path, capsys):
     (ckpt / "trainer_state.json").write_text((FIX / "trainer_state.json").read_text())
     assert main(["analyze", str(ckpt)]) == 0
     assert "format:   trl_trainer_state" in capsys.readouterr().out
+
+
+def test_unwritable_html_exit_1_one_line(tmp_path, capsys):
+    _analyze_run()
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    # OUT's parent is a regular file: the report cannot be written
+    assert (
+        main(["analyze", str(FIX / "trainer_state.json"), "--html", str(blocker / "r.html")]) == 1
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("lld-monitor analyze: cannot write")

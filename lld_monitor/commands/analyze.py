@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load, analyse, print; 2 when the file is unreadable or of unknown format."""
+    """Load, analyse, print. Exit 2: unreadable or unknown file; 1: cannot analyse or write."""
     try:
         df = load_table(args.path)
     except ImportFormatError as exc:
@@ -37,11 +37,25 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from lld_monitor.analysis import analyze_run
 
-    analysis = analyze_run(df)
+    try:
+        analysis = analyze_run(df)
+    except ValueError as exc:  # the table was read but cannot be analysed (e.g. too few rows)
+        print(
+            f"lld-monitor analyze: cannot analyse {args.path}: {_one_line(str(exc))}",
+            file=sys.stderr,
+        )
+        return 1
     if args.html:
         from lld_monitor.report import write_report
 
-        out = write_report(df, analysis, args.html, title=f"lld_monitor: {args.path}")
+        try:
+            out = write_report(df, analysis, args.html, title=f"lld_monitor: {args.path}")
+        except OSError as exc:
+            print(
+                f"lld-monitor analyze: cannot write {args.html}: {_one_line(str(exc))}",
+                file=sys.stderr,
+            )
+            return 1
         print(f"lld-monitor analyze: wrote {out}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(analysis.to_dict()))
