@@ -7,8 +7,11 @@ column, never recomputed.
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -182,6 +185,24 @@ def _wrap(text: str, width: int = 80) -> str:
     return "\n".join(textwrap.wrap(text, width)) if text else ""
 
 
+@functools.cache
+def _subplot_layout() -> dict[str, Any]:
+    """The rows' axes, domains and titles as a layout dict (built once: make_subplots is slow)."""
+    fig = make_subplots(
+        rows=1 + len(PANELS),
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.025,
+        row_heights=[0.5] + [1.0] * len(PANELS),
+        subplot_titles=["Events (hover for messages)"] + [p.title for p in PANELS],
+    )
+    return fig.layout.to_plotly_json()
+
+
+def _axis(row: int) -> str:
+    return "" if row == 1 else str(row)
+
+
 def build_figure(
     runs: Sequence[RunSeries],
     *,
@@ -193,155 +214,179 @@ def build_figure(
 ) -> go.Figure:
     """One figure, rows = an event strip + ``PANELS``, x = step shared by every row.
 
-    ``bands_for``: index of the run whose phase bands are shaded (None: none).
+    ``bands_for``: index of the run whose phase bands are shaded (None: none). Traces, shapes and
+    annotations are assembled as plain dicts and validated once, which keeps a render cheap.
     """
     n_rows = 1 + len(PANELS)
-    fig = make_subplots(
-        rows=n_rows,
-        cols=1,
-        shared_xaxes=True,
-        vertical_spacing=0.025,
-        row_heights=[0.5] + [1.0] * len(PANELS),
-        subplot_titles=["Events (hover for messages)"] + [p.title for p in PANELS],
-    )
+    layout = copy.deepcopy(_subplot_layout())
+    traces: list[dict[str, Any]] = []
+    shapes: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = list(layout.get("annotations", []))
     for i, run in enumerate(runs):
-        _add_run_traces(fig, run, i, ema_weight, show_raw, step_range, max_points)
+        traces += _run_traces(run, i, ema_weight, show_raw, step_range, max_points)
+        traces += _marker_traces(run, i, step_range, shapes)
     if bands_for is not None and 0 <= bands_for < len(runs):
-        _add_bands(fig, runs[bands_for], step_range)
+        _bands(runs[bands_for], step_range, shapes, annotations)
     for row, panel in enumerate(PANELS, start=2):
+        yaxis = layout[f"yaxis{row}"]
         if panel.log_y:
-            fig.update_yaxes(type="log", row=row, col=1)
+            yaxis["type"] = "log"
         if panel.hline is not None:
-            fig.add_hline(y=panel.hline, line_dash="dot", line_color="#555", row=row, col=1)
-        if not any(_has_data(r.steps, col) for r in runs for col, _ in panel.series):
-            y_domain = fig.layout[f"yaxis{row}"].domain  # paper coordinates of this row
-            fig.add_annotation(
-                text="not logged by the selected run(s)",
-                showarrow=False,
-                xref="paper",
-                yref="paper",
-                x=0.5,
-                y=(y_domain[0] + y_domain[1]) / 2,
-                font={"color": "#888"},
+            shapes.append(
+                {
+                    "type": "line",
+                    "xref": "paper",
+                    "x0": 0,
+                    "x1": 1,
+                    "yref": f"y{row}",
+                    "y0": panel.hline,
+                    "y1": panel.hline,
+                    "line": {"dash": "dot", "color": "#555", "width": 1},
+                }
             )
-    fig.update_yaxes(visible=False, row=1, col=1)
-    fig.update_xaxes(title_text=C.STEP, row=n_rows, col=1)
+        if not any(_has_data(r.steps, col) for r in runs for col, _ in panel.series):
+            y0, y1 = yaxis["domain"]  # paper coordinates of this row
+            annotations.append(
+                {
+                    "text": "not logged by the selected run(s)",
+                    "showarrow": False,
+                    "xref": "paper",
+                    "yref": "paper",
+                    "x": 0.5,
+                    "y": (y0 + y1) / 2,
+                    "font": {"color": "#888"},
+                }
+            )
+    layout["yaxis"]["visible"] = False
+    layout[f"xaxis{n_rows}"]["title"] = {"text": C.STEP}
     if step_range is not None:
-        fig.update_xaxes(range=list(step_range))
-    fig.update_layout(
+        for row in range(1, n_rows + 1):
+            layout[f"xaxis{_axis(row)}"]["range"] = list(step_range)
+    layout.update(
+        shapes=shapes,
+        annotations=annotations,
         height=210 * len(PANELS) + 120,
         margin={"l": 60, "r": 10, "t": 40, "b": 40},
         hovermode="x unified",
         legend={"orientation": "v", "yanchor": "top", "y": 1.0, "x": 1.01, "xanchor": "left"},
         uirevision="lld-dashboard",  # keep zoom and legend toggles across live refreshes
     )
-    return fig
+    return go.Figure(data=traces, layout=layout)
 
 
 def _has_data(steps: pd.DataFrame, column: str) -> bool:
     return column in steps and bool(steps[column].notna().any())
 
 
-def _add_run_traces(
-    fig: go.Figure,
+def _run_traces(
     run: RunSeries,
     index: int,
     ema_weight: float,
     show_raw: bool,
     step_range: tuple[float, float] | None,
     max_points: int,
-) -> None:
+) -> list[dict[str, Any]]:
     steps = slice_steps(run.steps, step_range)
     x_all = steps[C.STEP].to_numpy(dtype=float) if C.STEP in steps else np.array([])
     color = run.color or RUN_COLORS[index % len(RUN_COLORS)]
+    smooth = ema_weight > 0.0
+    out: list[dict[str, Any]] = []
     for row, panel in enumerate(PANELS, start=2):
         for column, dash in panel.series:
             if not _has_data(steps, column):
                 continue
             y_all = steps[column].to_numpy(dtype=float)
-            smooth = ema_weight > 0.0
+            common = {
+                "type": "scattergl",
+                "mode": "lines",
+                "legendgroup": run.name,
+                "legendgrouptitle": {"text": run.name},
+                "xaxis": f"x{row}",
+                "yaxis": f"y{row}",
+            }
             name = f"{run.name} · {column}"
             if show_raw or not smooth:
                 x, y = decimate(x_all, y_all, max_points)
-                fig.add_trace(
-                    go.Scattergl(
-                        x=x,
-                        y=y,
-                        mode="lines",
-                        name=name + (" (raw)" if smooth else ""),
-                        legendgroup=run.name,
-                        legendgrouptitle_text=run.name,
-                        line={"color": color, "dash": dash, "width": 1},
-                        opacity=0.35 if smooth else 1.0,
-                        showlegend=not smooth,
-                    ),
-                    row=row,
-                    col=1,
+                out.append(
+                    {
+                        **common,
+                        "x": x,
+                        "y": y,
+                        "name": name + (" (raw)" if smooth else ""),
+                        "line": {"color": color, "dash": dash, "width": 1},
+                        "opacity": 0.35 if smooth else 1.0,
+                        "showlegend": not smooth,
+                    }
                 )
             if smooth:
                 x, y = decimate(x_all, ema(y_all, ema_weight), max_points)
-                fig.add_trace(
-                    go.Scattergl(
-                        x=x,
-                        y=y,
-                        mode="lines",
-                        name=name,
-                        legendgroup=run.name,
-                        legendgrouptitle_text=run.name,
-                        line={"color": color, "dash": dash, "width": 2},
-                    ),
-                    row=row,
-                    col=1,
+                out.append(
+                    {
+                        **common,
+                        "x": x,
+                        "y": y,
+                        "name": name,
+                        "line": {"color": color, "dash": dash, "width": 2},
+                    }
                 )
-    _add_markers(fig, run, index, color, step_range)
+    return out
 
 
-def _add_markers(
-    fig: go.Figure,
+def _marker_traces(
     run: RunSeries,
     index: int,
-    color: str,
     step_range: tuple[float, float] | None,
-) -> None:
+    shapes: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The run's events on the top strip (hover: message); critical ones also as a line."""
     markers = [
         m for m in run.markers if step_range is None or step_range[0] <= m.step <= step_range[1]
     ]
     if not markers:
-        return
-    fig.add_trace(
-        go.Scatter(
-            x=[m.step for m in markers],
-            y=[index] * len(markers),
-            mode="markers",
-            name=f"{run.name} · events",
-            legendgroup=run.name,
-            marker={
+        return []
+    color = run.color or RUN_COLORS[index % len(RUN_COLORS)]
+    lines = [m for m in markers if m.type == "intervention" or m.severity == "critical"]
+    for m in lines[-MAX_EVENT_LINES:]:
+        shapes.append(
+            {
+                "type": "line",
+                "xref": "x",
+                "yref": "paper",
+                "x0": m.step,
+                "x1": m.step,
+                "y0": 0,
+                "y1": 1,
+                "line": {"dash": "dot", "width": 1, "color": color},
+            }
+        )
+    return [
+        {
+            "type": "scatter",
+            "x": [m.step for m in markers],
+            "y": [index] * len(markers),
+            "mode": "markers",
+            "name": f"{run.name} · events",
+            "legendgroup": run.name,
+            "xaxis": "x",
+            "yaxis": "y",
+            "marker": {
                 "color": color,
                 "symbol": [MARKER_SYMBOLS.get(m.type, "circle") for m in markers],
                 "size": [SEVERITY_SIZE.get(m.severity, 9) for m in markers],
                 "line": {"width": 1, "color": "#333"},
             },
-            text=[_marker_text(m, run.name) for m in markers],
-            hovertemplate="%{text}<extra></extra>",
-        ),
-        row=1,
-        col=1,
-    )
-    lines = [m for m in markers if m.type == "intervention" or m.severity == "critical"]
-    for m in lines[-MAX_EVENT_LINES:]:
-        fig.add_shape(
-            type="line",
-            xref="x",
-            yref="paper",
-            x0=m.step,
-            x1=m.step,
-            y0=0,
-            y1=1,
-            line={"dash": "dot", "width": 1, "color": color},
-        )
+            "text": [_marker_text(m, run.name) for m in markers],
+            "hovertemplate": "%{text}<extra></extra>",
+        }
+    ]
 
 
-def _add_bands(fig: go.Figure, run: RunSeries, step_range: tuple[float, float] | None) -> None:
+def _bands(
+    run: RunSeries,
+    step_range: tuple[float, float] | None,
+    shapes: list[dict[str, Any]],
+    annotations: list[dict[str, Any]],
+) -> None:
     """Shade each phase segment across every row (one paper-high rectangle per segment)."""
     for band in run.bands:
         if step_range is not None and (
@@ -349,27 +394,31 @@ def _add_bands(fig: go.Figure, run: RunSeries, step_range: tuple[float, float] |
         ):
             continue
         color = PHASE_COLORS.get(band.phase, PHASE_COLORS["unknown"])
-        fig.add_shape(
-            type="rect",
-            xref="x",
-            yref="paper",
-            x0=band.start_step,
-            x1=band.end_step,
-            y0=0,
-            y1=1,
-            fillcolor=color,
-            opacity=0.12,
-            line_width=0,
-            layer="below",
+        shapes.append(
+            {
+                "type": "rect",
+                "xref": "x",
+                "yref": "paper",
+                "x0": band.start_step,
+                "x1": band.end_step,
+                "y0": 0,
+                "y1": 1,
+                "fillcolor": color,
+                "opacity": 0.12,
+                "line": {"width": 0},
+                "layer": "below",
+            }
         )
-        fig.add_annotation(
-            x=band.start_step,
-            y=1.0,
-            xref="x",
-            yref="paper",
-            text=band.phase,
-            showarrow=False,
-            xanchor="left",
-            yanchor="top",
-            font={"size": 10, "color": color},
+        annotations.append(
+            {
+                "x": band.start_step,
+                "y": 1.0,
+                "xref": "x",
+                "yref": "paper",
+                "text": band.phase,
+                "showarrow": False,
+                "xanchor": "left",
+                "yanchor": "top",
+                "font": {"size": 10, "color": color},
+            }
         )
