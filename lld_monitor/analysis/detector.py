@@ -64,7 +64,7 @@ class DetectorConfig:
     displaced_frac: float = 0.5  # share of correct responses displaced (paper's > 50%)
     grad_surge_ratio: float = 2.0  # fast / slow grad norm (geometric EMAs)
     entropy_rise_ratio: float = 1.15  # fast / slow entropy
-    reward_fall_frac: float = 0.15  # reward EMA below its peak by this share of the peak
+    reward_fall_frac: float = 0.15  # reward EMA below its peak by this share of max(|peak|, gain)
     noise_k: float = 3.0  # a surge / rise / fall must exceed this many noise sd of its fast EMA
     fast_tau: float = 5.0  # steps, time constant of the fast EMAs
     slow_tau: float = 50.0  # steps, time constant of the baselines
