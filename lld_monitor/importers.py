@@ -126,8 +126,15 @@ def _reward_fn_name(source: str) -> str | None:
 
 
 def detect_format(path: str | Path) -> str:
-    """Name of the format of ``path`` (a key of ``FORMATS``), from its content."""
-    fmt, _ = _detect(Path(path))
+    """Name of the format of ``path`` (a key of ``FORMATS``), from its content.
+
+    Files up to ``SNIFF_BYTES`` are detected exactly as ``load_table`` does; larger ones from
+    their first ``SNIFF_BYTES`` (cheap enough to list a folder of growing logs).
+    """
+    path = Path(path)
+    if path.is_file() and _TB_NAME not in path.name and path.stat().st_size > SNIFF_BYTES:
+        return _detect_head(path)
+    fmt, _ = _detect(path)
     return fmt
 
 
@@ -244,17 +251,50 @@ def _detect(path: Path) -> tuple[str, Any]:
             return found
     table = _sniff_csv(text)
     if table is not None:
-        cols = [str(c) for c in table.columns]
-        wandb = any(c in ("_step", "_timestamp", "_runtime") for c in cols) or any(
-            c.startswith("train/") or " - " in c for c in cols
-        )
-        return ("wandb_csv" if wandb else "csv"), table
+        return _csv_kind([str(c) for c in table.columns]), table
     if "step:" in text and _VERL_LINE_RE.search(_ANSI_RE.sub("", text)):
         return "verl_console", text
     found = _find_printed_dicts(text)
     if found:
         return "trl_console", found
     raise ImportFormatError(f"{path}: unknown format; {_EXPECTED}")
+
+
+SNIFF_BYTES = 1 << 20
+
+
+def _detect_head(path: Path) -> str:
+    """Format of a large file from its first ``SNIFF_BYTES`` (same rules, no full parse)."""
+    with path.open("rb") as fh:
+        raw = fh.read(SNIFF_BYTES)
+    if raw[:4] == b"PAR1":
+        return "parquet"
+    if b"\x00" in raw[:4096]:
+        raise ImportFormatError(f"{path}: binary file of unknown format; {_EXPECTED}")
+    head = raw.decode("utf-8", errors="replace").lstrip("\ufeff").lstrip()
+    first = head.split("\n", 1)[0].strip()
+    if head[:1] == "{":
+        if '"log_history"' in head:
+            return "trl_trainer_state"
+        if '"cells"' in head and '"nbformat"' in head:
+            return "notebook_log"
+        try:
+            rec = json.loads(first)
+        except json.JSONDecodeError:
+            rec = None
+        if isinstance(rec, dict):
+            return "verl_jsonl" if _is_verl_record(rec) else "jsonl"
+    if head[:1] == "[":
+        stream = '"stream_name"' in head or '"output_type"' in head
+        return "notebook_log" if stream else "log_history"
+    fields = _csv_header(first)
+    if fields is not None:
+        return _csv_kind(fields)
+    if "step:" in head and _VERL_LINE_RE.search(_ANSI_RE.sub("", head)):
+        return "verl_console"
+    if _find_printed_dicts(head):
+        return "trl_console"
+    raise ImportFormatError(f"{path}: unknown format (from its first MiB); {_EXPECTED}")
 
 
 def _detect_json(text: str) -> tuple[str, Any] | None:
@@ -328,15 +368,32 @@ def _is_run_dir(path: Path) -> bool:
     return bool(is_run_dir(path))
 
 
-def _sniff_csv(text: str) -> pd.DataFrame | None:
-    """The table when the first line is a CSV/TSV header naming a known metric, else None."""
-    first = text.split("\n", 1)[0].strip()
+def _csv_header(first_line: str) -> list[str] | None:
+    """The fields of a CSV/TSV header line naming at least one known metric, else None."""
+    first = first_line.strip()
     sep = "\t" if first.count("\t") > first.count(",") else ","
     fields = [f.strip().strip('"') for f in first.split(sep)]
     if len(fields) < 2 or not all(fields):
         return None
     if not any(canonical_name(f) or " - " in f for f in fields):
         return None
+    return fields
+
+
+def _csv_kind(fields: Sequence[str]) -> str:
+    """'wandb_csv' for W&B history/panel exports, else 'csv'."""
+    wandb = any(f in ("_step", "_timestamp", "_runtime") for f in fields) or any(
+        f.startswith("train/") or " - " in f for f in fields
+    )
+    return "wandb_csv" if wandb else "csv"
+
+
+def _sniff_csv(text: str) -> pd.DataFrame | None:
+    """The table when the first line is a CSV/TSV header naming a known metric, else None."""
+    first = text.split("\n", 1)[0]
+    if _csv_header(first) is None:
+        return None
+    sep = "\t" if first.count("\t") > first.count(",") else ","
     try:
         return pd.read_csv(io.StringIO(text), sep=sep)
     except (ValueError, csv.Error):

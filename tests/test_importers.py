@@ -495,3 +495,47 @@ def test_real_grpo_trainer_outputs_import(tmp_path, capfd, monkeypatch):
         assert list(df[C.STEP]) == [1, 2, 3], fmt
         for col, values in expected.items():
             assert _col(df, col) == pytest.approx(values, rel=rel, abs=1e-6), (fmt, col)
+
+
+def _inflate(src: Path, dst: Path, min_bytes: int) -> None:
+    """A copy of fixture ``src`` in the same format, padded past ``min_bytes`` with its own rows."""
+    text = src.read_text()
+    if src.suffix in (".json", ".ipynb") or src.name == "notebook_stream.log":
+        doc = json.loads(text)
+        if isinstance(doc, list):
+            items = doc
+        elif "log_history" in doc:
+            items = doc["log_history"]
+        else:
+            items = doc["cells"]
+        while len(json.dumps(doc)) < min_bytes:
+            items.extend(list(items))
+        dst.write_text(json.dumps(doc, indent=1))
+        return
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    header, body = (lines[:1], lines[1:]) if src.suffix == ".csv" else ([], lines)
+    body = [ln for ln in body if not ln.rstrip().endswith('"llds_en')]  # drop the torn line
+    out = list(header)
+    size = 0
+    while size < min_bytes:
+        out.extend(body)
+        size += sum(len(ln) + 1 for ln in body)
+    dst.write_text("\n".join(out) + "\n")
+
+
+def test_detect_format_of_large_files_from_their_head(tmp_path):
+    from lld_monitor.importers import SNIFF_BYTES
+
+    for src in sorted(FIX.iterdir()):
+        if src.name == "unknown.txt":
+            continue
+        big = tmp_path / src.name
+        _inflate(src, big, SNIFF_BYTES + 1024)
+        assert big.stat().st_size > SNIFF_BYTES
+        head_fmt = detect_format(big)  # from the first MiB
+        assert head_fmt == detect_format(src), src.name
+        assert load_table(big).attrs["source_format"] == head_fmt, src.name
+    junk = tmp_path / "junk.txt"
+    junk.write_text("nothing to see here\n" * 60_000)
+    with pytest.raises(ImportFormatError, match="first MiB"):
+        detect_format(junk)
