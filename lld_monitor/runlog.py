@@ -665,6 +665,12 @@ class Run:
     def name(self) -> str:
         return self.path.name
 
+    def __repr__(self) -> str:
+        state = "finished" if self.finished else "running or crashed"
+        return (
+            f"Run({str(self.path)!r}, {len(self.steps)} steps, {len(self.events)} events, {state})"
+        )
+
     @property
     def last_modified(self) -> float:
         """UNIX time of the last write to the step log (tells a live run from a stale one)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import tempfile
 import threading
 import time
 import warnings
@@ -13,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lld_monitor import columns as C
 from lld_monitor.events import Alert, make_event
@@ -415,3 +418,28 @@ def test_fast_and_careful_parsers_give_the_same_frame(tmp_path: Path) -> None:
     assert fast[C.KL].isna().sum() == 100 and fast[C.LLDS_LAMBDA].isna().sum() == 150
     assert fast[C.N_CORRECT].dtype == np.int64
     assert fast[C.LOSS].iloc[7] == json.loads(lines[7])[C.LOSS]  # floats round-trip exactly
+
+
+@settings(max_examples=25, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=12))
+def test_incremental_reads_at_any_byte_boundary_equal_the_batch_load(cuts: list[int]) -> None:
+    # river-style: the incremental reader, fed the file in arbitrary byte pieces (rows torn
+    # anywhere, even inside a UTF-8 character), returns exactly what load_run gives at the end.
+    with tempfile.TemporaryDirectory() as tmp:
+        src, live = Path(tmp) / "src", Path(tmp) / "live"
+        with RunWriter(src) as w:
+            for i in range(40):
+                w.log_step({C.STEP: i, C.LOSS: i / 7, C.KL: math.nan if i % 4 else 0.5, "é": "ü"})
+        data = (src / STEPS_FILE).read_bytes()
+        live.mkdir()
+        (live / META_FILE).write_bytes((src / META_FILE).read_bytes())
+        (live / STEPS_FILE).write_bytes(b"")
+        reader = RunReader(live)
+        pieces = []
+        for cut in [*sorted(c % len(data) for c in cuts), len(data)]:
+            with open(live / STEPS_FILE, "ab") as f:
+                f.write(data[(live / STEPS_FILE).stat().st_size : cut])
+            pieces.append(reader.read_steps())
+        incremental = pd.concat([p for p in pieces if len(p)], ignore_index=True)
+        batch = load_run(src).steps
+        pd.testing.assert_frame_equal(incremental[batch.columns], batch)
