@@ -104,8 +104,9 @@ def make_run(
         raise ValueError(f"n_steps must be >= 50 to hold a run's phases, got {n_steps}")
     n = int(n_steps)
     t = np.arange(n, dtype=float)  # [n] step index
-    # Scale of the timeline: the paper's ~200-step spiral, stretched for long runs.
-    scale = max(1.0, n / 260.0)
+    # Scale of the timeline: the paper's ~200-step spiral in 220-300 steps, stretched for long
+    # runs and (collapse runs only) compressed for runs shorter than 220 steps.
+    scale = n / 220.0 if kind == "collapse" and n < 220 else max(1.0, n / 260.0)
 
     # --- shared random run characteristics ------------------------------------------------------
     r0 = rng.uniform(0.08, 0.3)  # initial reward

@@ -277,3 +277,54 @@ def test_state_stays_bounded_over_a_long_run():
             state = det.state_dict()
             sizes.append(sum(len(v["buf"]) for v in state["ols"].values()))
     assert sizes[0] == sizes[1] <= 4 * 41
+
+
+def test_rolling_ols_matches_batch_fit_at_every_prefix():
+    # river-style: the incremental fit equals numpy's batch least squares on the same window
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    xs = np.cumsum(rng.integers(1, 4, size=300)).astype(float)  # irregular steps
+    ys = -0.4 + 0.001 * xs + rng.normal(0, 0.01, size=300)
+    ols = _RollingOLS(steps=40, min_rows=8)
+    for x, y in zip(xs, ys):
+        ols.push(float(x), float(y))
+        wx = np.array([p[0] for p in ols.buf])
+        wy = np.array([p[1] for p in ols.buf])
+        # the window: rows with step > x - 40, but never fewer than 8
+        expect = max(int((xs[xs <= x] > x - 40).sum()), min(8, int((xs <= x).sum())))
+        assert len(wx) == expect
+        if len(wx) >= 3:
+            slope, _, _, _, y1 = ols.fit()
+            b, a = np.polyfit(wx, wy, 1)
+            assert slope == pytest.approx(b, rel=1e-9, abs=1e-12)
+            assert y1 == pytest.approx(a + b * wx[-1], abs=1e-9)
+
+
+def test_any_row_values_never_raise():
+    # rows as foreign logs give them: None, strings, inf, negative, huge, missing keys
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    value = st.one_of(
+        st.none(),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(-(10**6), 10**6),
+        st.sampled_from(["", "n/a", "1.5"]),
+    )
+    cols = [C.REWARD_MEAN, C.LOGP_CORRECT, C.GRAD_NORM, C.ENTROPY, C.LOSS, C.KL]
+
+    @hypothesis.settings(max_examples=30, deadline=None)
+    @hypothesis.given(st.lists(st.dictionaries(st.sampled_from(cols), value), max_size=60))
+    def check(rows):
+        det = PhaseDetector(warmup_steps=2, warmup_rows=2)
+        for i, row in enumerate(rows):
+            for alert in det.update({C.STEP: i, **row}):
+                assert alert.severity in C.SEVERITIES
+                json.dumps(alert.to_dict(), allow_nan=True)
+            assert det.phase in C.PHASES
+        state = json.loads(json.dumps(det.state_dict(), allow_nan=False))
+        again = PhaseDetector(warmup_steps=2, warmup_rows=2)
+        again.load_state_dict(state)
+        assert again.state_dict() == det.state_dict()
+
+    check()

@@ -159,19 +159,28 @@ class _RollingOLS:
         return slope, t, x1 - x0, my + slope * (x0 - mx), my + slope * (x1 - mx)
 
     def state(self) -> dict[str, Any]:
-        return {"buf": [list(p) for p in self.buf], "s": list(self.s), "n_since": self.n_since}
+        return {
+            "buf": [[_enc(x), _enc(y)] for x, y in self.buf],
+            "s": [_enc(v) for v in self.s],
+            "n_since": self.n_since,
+        }
 
     def load(self, d: Mapping[str, Any]) -> None:
-        self.buf = deque((float(x), float(y)) for x, y in d["buf"])
-        self.s = [float(v) for v in d["s"]]
+        self.buf = deque((_dec(x), _dec(y)) for x, y in d["buf"])
+        self.s = [_dec(v) for v in d["s"]]
         self.n_since = int(d["n_since"])
 
 
-def _enc(v: float) -> float | None:
-    return None if v != v else v
+def _enc(v: float) -> float | str | None:
+    """A float as strict JSON: NaN -> null, +-inf -> "inf" / "-inf"."""
+    if v != v:
+        return None
+    if v in (math.inf, -math.inf):
+        return "inf" if v > 0 else "-inf"
+    return v
 
 
-def _dec(v: float | None) -> float:
+def _dec(v: float | str | None) -> float:
     return _NAN if v is None else float(v)
 
 
