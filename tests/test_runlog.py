@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from lld_monitor import columns as C
 from lld_monitor.events import Alert, make_event
 from lld_monitor.runlog import (
+    _FAST_PATH_MIN_BYTES,
     CLOSED_FILE,
     EVENTS_FILE,
     META_FILE,
@@ -400,22 +401,24 @@ def test_fast_and_careful_parsers_give_the_same_frame(tmp_path: Path) -> None:
     path = tmp_path / "r"
     rng = np.random.default_rng(0)
     with RunWriter(path) as w:
-        for i in range(300):
+        for i in range(1500):
             row = {C.STEP: i, C.LOSS: float(rng.normal()), C.N_CORRECT: i % 5, C.TIME: 1.0 + i}
             row[C.KL] = float("nan") if i % 3 == 0 else float(rng.random() * 1e-9)
-            if i >= 150:
+            if i >= 750:
                 row[C.LLDS_LAMBDA] = 0.2  # a column that appears mid-run
                 row["note"] = f"n{i}"
-            row[C.LLDS_ENABLED] = i >= 150
+            row[C.LLDS_ENABLED] = i >= 750
             w.log_step(row)
     fast = load_run(path).steps
-    assert _fast_steps((path / STEPS_FILE).read_bytes()) is not None  # really the fast path
+    # really the fast path: big enough, and pyarrow accepts it
+    assert (path / STEPS_FILE).stat().st_size > _FAST_PATH_MIN_BYTES
+    assert _fast_steps((path / STEPS_FILE).read_bytes()) is not None
     lines = (path / STEPS_FILE).read_text().splitlines(keepends=True)
     (path / STEPS_FILE).write_text("".join([*lines[:100], "garbled\n", *lines[100:]]))
     with pytest.warns(RuntimeWarning, match="skipped 1 garbled"):
         careful = load_run(path).steps
     pd.testing.assert_frame_equal(fast, careful)
-    assert fast[C.KL].isna().sum() == 100 and fast[C.LLDS_LAMBDA].isna().sum() == 150
+    assert fast[C.KL].isna().sum() == 500 and fast[C.LLDS_LAMBDA].isna().sum() == 750
     assert fast[C.N_CORRECT].dtype == np.int64
     assert fast[C.LOSS].iloc[7] == json.loads(lines[7])[C.LOSS]  # floats round-trip exactly
 
