@@ -39,8 +39,6 @@ INPUT_COLUMNS: tuple[str, ...] = (
     C.FRAC_ZERO_STD_GROUPS,
     C.REWARD_STD,
 )
-#: Columns whose absence rules out the LLD phases (stagnation, decay).
-LLD_REQUIRED: tuple[str, ...] = (C.LOGP_CORRECT,)
 
 
 @dataclass(frozen=True)
@@ -258,7 +256,7 @@ class PhaseDetector:
         self._rw_peak = _NAN
         self._rw_min = _NAN  # lowest fast reward EMA so far
         self._rw_trough = _NAN  # lowest fast reward EMA before the peak
-        self._w_fast = _NAN  # weight of the last fast-EMA update (noise of the fast EMAs)
+        self._w_fast = _NAN  # fast-EMA weight of the last row's gap (noise of the fast EMAs)
         self._h_early = _NAN  # entropy level over the warm-up rows
         self._len_early = _NAN
         self._early_n = 0
@@ -407,6 +405,8 @@ class PhaseDetector:
         E, L = self._ema, self._last
         prev = self._last_step_prev
         w_row = self._weights(step - prev) if prev == prev else (0.0, 0.0, 0.0)
+        if prev == prev:
+            self._w_fast = w_row[0]  # sets the noise of the fast EMAs (see _ratios)
 
         # --- non-finite loss / grad norm: NaN counts only when the column was seen finite and
         # the row carries other training values (else it is a missing value, e.g. an eval row)
@@ -435,7 +435,6 @@ class PhaseDetector:
                 w = w_row if last == prev else self._weights(step - last)
                 E[_RW_D] += w[1] * (abs(rw - E[_RW_F]) - E[_RW_D])
                 E[_RW_F] += w[0] * (rw - E[_RW_F])
-                self._w_fast = w[0]
             L["rw"] = step
             ef = E[_RW_F]
             if not ef >= self._rw_min:
