@@ -54,8 +54,9 @@ class ImportFormatError(ValueError):
 # --- the one mapping table ----------------------------------------------------------------------
 
 #: canonical column -> foreign names, highest priority first. Every format goes through this one
-#: table; besides these, ``<col>``, ``lld/<col>``, ``train/lld/<col>`` and ``train/<col>`` map to
-#: every canonical ``<col>``, and ``train/<name>`` maps like ``<name>`` (transformers' W&B and
+#: table. Besides these, every canonical ``<col>`` is reached from ``<col>``, ``lld/<col>``,
+#: ``actor/lld/<col>`` (our verl loss's metrics after verl prefixes ``actor/``), ``train/lld/<col>``
+#: and ``train/<col>``; and ``train/<name>`` maps like ``<name>`` (transformers' W&B and
 #: TensorBoard callbacks prefix training metrics with ``train/``).
 FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
     C.STEP: ("global_step", "train/global_step", "trainer/global_step", "_step", "Step"),
@@ -80,7 +81,7 @@ _NON_TRAINING = frozenset({C.STEP, C.TIME, C.LEARNING_RATE})
 #: Per-reward-function means: ours (``reward_fn/<name>``, also under ``lld/``) and TRL's
 #: ``rewards/<name>/mean`` (``rewards/<name>`` before TRL 0.15) -> ``C.REWARD_FN_PREFIX + name``.
 _REWARD_FN_RE = re.compile(
-    r"^(?:train/)?(?:(?:lld/)?" + re.escape(C.REWARD_FN_PREFIX) + r"(?P<ours>.+)"
+    r"^(?:train/)?(?:(?:(?:actor/)?lld/)?" + re.escape(C.REWARD_FN_PREFIX) + r"(?P<ours>.+)"
     r"|rewards/(?P<trl>(?!.*/std$).+?)(?:/mean)?)$"
 )
 
@@ -94,7 +95,8 @@ def _build_lookup() -> dict[str, tuple[str, int]]:
             lookup[name] = (col, prio)
 
     for col in C.STEP_COLUMNS:
-        for prio, name in enumerate((col, f"lld/{col}", f"train/lld/{col}", f"train/{col}")):
+        names = (col, f"lld/{col}", f"actor/lld/{col}", f"train/lld/{col}", f"train/{col}")
+        for prio, name in enumerate(names):
             add(name, col, prio)
     for col, names in FOREIGN_NAMES.items():
         for i, name in enumerate(names):

@@ -249,7 +249,8 @@ def test_verl_console_lines():
 def test_verl_file_logger_jsonl():
     df = load_table(FIX / "verl_metrics.jsonl")
     assert df.attrs["source_format"] == "verl_jsonl"
-    # the validation record at step 2 merges into the training row of step 2
+    # the validation record at step 2 merges into the training row of step 2; step 1 has
+    # lld/<col>, step 2 actor/lld/<col> (verl 0.9 prefixes the policy loss's metrics)
     assert list(df[C.STEP]) == [1, 2]
     _close(_col(df, C.REWARD_MEAN), [0.25, 0.5])
     _close(_col(df, C.KL), [0.001, 0.002])  # actor/kl_loss
@@ -287,6 +288,7 @@ def test_mapping_names():
         assert canonical_name(col) == col
         assert canonical_name(f"lld/{col}") == col
         assert canonical_name(f"train/lld/{col}") == col
+        assert canonical_name(f"actor/lld/{col}") == col  # verl prefixes the loss's metrics
     assert set(FOREIGN_NAMES) <= set(C.STEP_COLUMNS)
     assert canonical_name("rewards/format_reward/mean") == C.REWARD_FN_PREFIX + "format_reward"
     assert canonical_name("train/rewards/f/mean") == C.REWARD_FN_PREFIX + "f"
@@ -425,7 +427,7 @@ t.log({"critic/score/mean": np.float64(0.25), "actor/grad_norm": 0.5,
        "actor/entropy": np.float32(1.5), "response_length/mean": 100,
        "lld/frac_correct_displaced": float("nan"), "timing_s/step": 3.0}, step=1)
 t.log({"critic/score/mean": 0.5, "actor/grad_norm": np.float64(2.0), "actor/entropy": 1.25,
-       "response_length/mean": np.int64(120), "lld/frac_correct_displaced": 0.75}, step=2)
+       "response_length/mean": np.int64(120), "actor/lld/frac_correct_displaced": 0.75}, step=2)
 """
 
 
