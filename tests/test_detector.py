@@ -328,3 +328,22 @@ def test_any_row_values_never_raise():
         assert again.state_dict() == det.state_dict()
 
     check()
+
+
+def test_analyzer_never_imports_torch(tmp_path):
+    # the analyzer eats numbers: detector, offline analysis of a CSV path, generator, evaluation
+    import subprocess
+    import sys
+
+    csv = tmp_path / "steps.csv"
+    make_run("collapse", seed=1).steps.to_csv(csv, index=False)
+    code = (
+        "import sys\n"
+        "from lld_monitor.analysis import analyze_run, evaluate\n"
+        "from lld_monitor.testing import make_suite\n"
+        f"analyze_run({str(csv)!r})\n"
+        "evaluate((r.steps, r.labels) for r in make_suite(2, 0))\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
