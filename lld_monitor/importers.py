@@ -74,6 +74,8 @@ FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
     C.COMPLETION_LENGTH: ("completions/mean_length", "response_length/mean"),
     C.NUM_SEARCHES: ("tools/call_frequency", "env/number_of_valid_search"),
     C.FRAC_ZERO_STD_GROUPS: ("frac_reward_zero_std",),
+    # the paper authors' verl fork (Search-R1 + LLDS): the lambda in force
+    C.LLDS_LAMBDA: ("actor/loss_noreduce_coef",),
 }
 
 _NON_TRAINING = frozenset({C.STEP, C.TIME, C.LEARNING_RATE})

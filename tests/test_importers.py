@@ -283,6 +283,10 @@ def test_mapping_names():
     assert canonical_name("completions/mean_length") == C.COMPLETION_LENGTH
     assert canonical_name("train/reward") == C.REWARD_MEAN
     assert canonical_name("eval/reward") is None
+    # the authors' verl fork: lambda maps; their token-diluted pos/neg log-probs do not
+    assert canonical_name("actor/loss_noreduce_coef") == C.LLDS_LAMBDA
+    assert canonical_name("actor/pos_avg_old_log_prob") is None
+    assert canonical_name("actor/loss_noreduce") is None
     assert canonical_name("epoch") is None
     for col in C.STEP_COLUMNS:
         assert canonical_name(col) == col
