@@ -12,6 +12,8 @@ import json
 import logging
 import math
 import os
+import queue
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -278,7 +280,9 @@ class WebhookSink(BaseSink):
     An alert whose (kind, severity) was sent less than ``min_interval_s`` ago is dropped (counted
     and mentioned in the next message). At most one POST per ``min_interval_s``: alerts arriving
     sooner wait and go out together at the next call after the interval (a critical one goes at
-    once). Delivery failures are logged, never raised; a POST blocks at most ``timeout`` seconds.
+    once). POSTs run on a background thread (``background=True``), so a slow or unreachable
+    endpoint never stalls training; failures are logged, never raised; ``close()`` waits about
+    ``timeout`` seconds per message still queued.
     """
 
     def __init__(
@@ -290,6 +294,7 @@ class WebhookSink(BaseSink):
         *,
         min_severity: str = "warning",
         run_name: str | None = None,
+        background: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         url = url or os.environ.get(WEBHOOK_ENV)
@@ -306,7 +311,10 @@ class WebhookSink(BaseSink):
         self.dedupe = dedupe
         self.min_severity = _check_severity("min_severity", min_severity)
         self.run_name = run_name
+        self.background = background
         self._clock = clock
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._worker: threading.Thread | None = None
         self._pending: list[Alert] = []
         self._last_post = -math.inf
         self._last_sent: dict[tuple[str, str], float] = {}
@@ -342,8 +350,21 @@ class WebhookSink(BaseSink):
             self.alert(event)
 
     def close(self) -> None:
-        """Send what the rate limit still holds."""
+        """Send what the rate limit still holds and wait (bounded) for queued POSTs."""
         self._flush(force=True)
+        if self._worker is not None and self._worker.is_alive():
+            limit = self.timeout * (self._queue.qsize() + 1) + 1.0
+            self._queue.put(None)
+            self._worker.join(timeout=limit)
+
+    def wait(self, timeout: float = 30.0) -> bool:
+        """Block until the queued POSTs are done (True) or ``timeout`` seconds pass (False)."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     def message(self, alerts: list[Alert]) -> str:
         """The Slack text for a batch of alerts (plus a note of suppressed repeats)."""
@@ -368,7 +389,23 @@ class WebhookSink(BaseSink):
         self._last_post = now
         for a in batch:
             self._last_sent[(a.kind, a.severity)] = now
-        self._post(text)
+        if not self.background:
+            self._post(text)
+            return
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._work, name="lld-webhook", daemon=True)
+            self._worker.start()
+        self._queue.put(text)
+
+    def _work(self) -> None:
+        while True:
+            text = self._queue.get()
+            try:
+                if text is None:
+                    return
+                self._post(text)
+            finally:
+                self._queue.task_done()
 
     def _post(self, text: str) -> None:
         body = json.dumps({"text": text}).encode("utf-8")
@@ -378,7 +415,7 @@ class WebhookSink(BaseSink):
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 response.read()
-        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
             # HTTPError (4xx/5xx) and socket timeouts are URLError/OSError subclasses
             self.n_failed += 1
             logger.warning("lld_monitor: webhook POST to %s failed: %s", self._safe_url(), exc)

@@ -284,6 +284,7 @@ def test_webhook_posts_slack_json(hook_server: tuple[str, list]) -> None:
     sink = WebhookSink(f"{base}/services/T0/B0/secret", run_name="exp1")
     sink.alert(DECAY)
     sink.alert(INFO)  # below min_severity="warning"
+    assert sink.wait(timeout=10)  # POSTs run on a background thread
     assert received == [
         (
             "/services/T0/B0/secret",
@@ -297,7 +298,7 @@ def test_webhook_posts_slack_json(hook_server: tuple[str, list]) -> None:
 def test_webhook_dedupes_and_rate_limits(hook_server: tuple[str, list]) -> None:
     base, received = hook_server
     clock = _Clock()
-    sink = WebhookSink(base, min_interval_s=60, clock=clock)
+    sink = WebhookSink(base, min_interval_s=60, clock=clock, background=False)
     sink.alert(DECAY)  # t=1000: sent
     clock.now += 10
     sink.alert(DECAY)  # same (kind, severity) 10 s later: duplicate, dropped
@@ -326,7 +327,7 @@ def test_webhook_dedupes_and_rate_limits(hook_server: tuple[str, list]) -> None:
 def test_webhook_without_dedupe_still_rate_limits(hook_server: tuple[str, list]) -> None:
     base, received = hook_server
     clock = _Clock()
-    sink = WebhookSink(base, min_interval_s=60, dedupe=False, clock=clock)
+    sink = WebhookSink(base, min_interval_s=60, dedupe=False, clock=clock, background=False)
     sink.alert(DECAY)
     sink.alert(DECAY)
     sink.alert(DECAY)
@@ -339,14 +340,18 @@ def test_webhook_failures_and_timeouts_are_logged_not_raised(
 ) -> None:
     base, received = hook_server
     with caplog.at_level(logging.WARNING, logger="lld_monitor"):
-        WebhookSink(f"{base}/fail").alert(DECAY)  # HTTP 500
+        WebhookSink(f"{base}/fail", background=False).alert(DECAY)  # HTTP 500
         slow = WebhookSink(f"{base}/slow", timeout=0.3)
         t0 = time.monotonic()
         slow.alert(COLLAPSE)  # the server answers after 1.5 s
-        elapsed = time.monotonic() - t0
-        WebhookSink("http://127.0.0.1:9/hook", timeout=1).alert(DECAY)  # nothing listens
-    assert elapsed < 1.2  # gave up at the timeout, did not wait for the answer
-    assert slow.n_failed == 1 and slow.n_posts == 0
+        queued = time.monotonic() - t0
+        slow.close()
+        closed = time.monotonic() - t0
+        refused = WebhookSink("http://127.0.0.1:9/hook", timeout=1, background=False)
+        refused.alert(DECAY)  # nothing listens on port 9
+    assert queued < 0.25  # on the background thread: the training step is not held up
+    assert closed < 1.2  # the POST gave up at its 0.3 s timeout, not after the 1.5 s answer
+    assert slow.n_failed == 1 and slow.n_posts == 0 and refused.n_failed == 1
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 3 and all("webhook POST to http://127.0.0.1:" in m for m in messages)
     assert "500" in messages[0] and "timed out" in messages[1]
@@ -368,5 +373,6 @@ def test_webhook_url_from_env_and_bad_urls(
     sink = WebhookSink.from_env()
     assert sink is not None
     sink.log_event(make_event("intervention", 41, "stop", "stop_on_collapse", "warning"))
+    sink.close()  # waits for the queued POST
     assert received[0][0] == "/from-env"
     assert received[0][2]["text"] == "*lld_monitor* WARNING stop at step 41: stop_on_collapse"
