@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 __all__ = [
     "GATES",
@@ -232,49 +231,55 @@ def llds_loss(
     pres = (adv.detach() >= 0) & (n_tok > 0)  # [B] preserving responses
     pm = m & pres[:, None]  # [B, L] preserving tokens
 
-    new = logp_new if logp_new.dtype != torch.bfloat16 else logp_new.float()
-    old = logp_old.detach().to(new.dtype)
+    half = (torch.float16, torch.bfloat16)
+    new = logp_new.float() if logp_new.dtype in half else logp_new  # [B, L]
+    old = logp_old.detach().to(new.dtype)  # [B, L]
     zero = torch.zeros((), dtype=new.dtype, device=new.device)
-    d = torch.where(pm, old - new, zero)  # [B, L], grad via logp_new
-    pen = F.relu(d)  # [B, L]
-    w = _token_weights(answer_mask, answer_weight, pen)
-    if w is not None:
-        pen = pen * w  # [B, L]
+    diff = old - new  # [B, L] d everywhere (garbage off-mask), grad via logp_new
 
     with torch.no_grad():
-        dd = d.detach()  # [B, L]
         if gate == "token":
-            gate_tok = None
-            n_gated = (dd > 0).sum()
+            keep = pm & (diff > 0)  # [B, L] tokens with max(0, d) > 0
+            n_gated = keep.sum()
             n_units = pm.sum()
-        elif gate == "response":
-            g_row = pres & (dd.sum(1) > 0)  # [B]
-            gate_tok = g_row[:, None]  # [B, 1]
-            n_gated = g_row.sum()
-            n_units = pres.sum()
         else:
-            if action_ids is None:
-                prev = F.pad(m[:, :-1], (1, 0), value=False)  # [B, L]
-                run = (m & ~prev).cumsum(dim=1)  # [B, L] 1-based action number
-                idx = torch.where(m, run - 1, 0)  # [B, L] int64, 0 off-mask (d is 0 there)
-                n_act = run[:, -1] if length else run.new_zeros(batch)  # [B]
+            dd = torch.where(pm, diff, zero)  # [B, L] d, 0 off the preserving tokens
+            positive = dd > 0  # [B, L]
+            if gate == "response":
+                g_row = dd.sum(1) > 0  # [B] (only preserving rows can be > 0)
+                keep = positive & g_row[:, None]  # [B, L]
+                n_gated = g_row.sum()
+                n_units = pres.sum()
             else:
-                if action_ids.shape != m.shape or action_ids.is_floating_point():
-                    raise ValueError(
-                        f"action_ids must be an integer [B, L] tensor like mask, got "
-                        f"{action_ids.dtype} {tuple(action_ids.shape)}"
-                    )
-                ids = torch.where(m, action_ids.long(), -1)  # [B, L]
-                idx = ids.clamp(min=0)  # [B, L]
-                n_act = (ids.amax(1) + 1) if length else ids.new_zeros(batch)  # [B]
-            act_sum = torch.zeros_like(dd).scatter_add_(1, idx, dd)  # [B, L]: sum of d per action
-            g_act = act_sum > 0  # [B, L] (only preserving actions can be > 0)
-            gate_tok = g_act.gather(1, idx) & pm  # [B, L]
-            n_gated = g_act.sum()
-            n_units = torch.where(pres, n_act, 0).sum()
+                # slot = 1 + action id (slot 0 = no action); per-slot sums of d by one scatter
+                if action_ids is None:
+                    starts = m.clone()  # [B, L]
+                    starts[:, 1:] &= ~m[:, :-1]
+                    slot = starts.cumsum(dim=1, dtype=torch.int64)  # [B, L] (gaps: d is 0)
+                    n_act = slot[:, -1] if length else slot.new_zeros(batch)  # [B]
+                    width = (length + 1) // 2 + 1  # at most ceil(L/2) runs in a row
+                else:
+                    if action_ids.shape != m.shape or action_ids.is_floating_point():
+                        raise ValueError(
+                            f"action_ids must be an integer [B, L] tensor like mask, got "
+                            f"{action_ids.dtype} {tuple(action_ids.shape)}"
+                        )
+                    slot = torch.where(m, action_ids.long() + 1, 0).clamp_(min=0)  # [B, L]
+                    n_act = slot.amax(1) if length else slot.new_zeros(batch)  # [B]
+                    width = length + 1  # ids must be < L
+                act_sum = dd.new_zeros(batch, width).scatter_add_(1, slot, dd)  # [B, A+1]
+                g_act = act_sum > 0  # [B, A+1] (only preserving actions can be > 0)
+                g_act[:, 0] = False  # tokens outside any action are never gated
+                keep = g_act.gather(1, slot) & positive  # [B, L]
+                n_gated = g_act.sum()
+                n_units = torch.where(pres, n_act, 0).sum()
         frac = (n_gated / n_units.clamp(min=1)).to(torch.float32)
 
-    gated = pen if gate_tok is None else torch.where(gate_tok, pen, zero)  # [B, L]
+    # max(0, d) on the kept tokens: where() keeps off-mask garbage out of values and gradients
+    gated = torch.where(keep, diff, zero)  # [B, L]
+    w = _token_weights(answer_mask, answer_weight, gated)
+    if w is not None:
+        gated = gated * w  # [B, L]
     n_pres_tok = pm.sum()
     if normalize == "token_mean":
         loss = gated.sum() / m.sum().clamp(min=1)

@@ -19,7 +19,6 @@ import math
 from dataclasses import dataclass, fields
 
 import torch
-import torch.nn.functional as F
 
 from lld_monitor import columns as C
 
@@ -184,11 +183,17 @@ def masked_mean(
     return total.sum(dim) / m.sum(dim)
 
 
-def _run_number(m: torch.Tensor) -> torch.Tensor:
-    """1-based index of the contiguous run of True each position lies in (0 before the first)."""
-    prev = F.pad(m[:, :-1], (1, 0), value=False)  # [B, L]
-    starts = m & ~prev  # [B, L]
-    return starts.cumsum(dim=1, dtype=torch.int32)  # [B, L]
+def _starts(m: torch.Tensor) -> torch.Tensor:
+    """True where a run of generated tokens starts: ``m`` [B, L] bool -> [B, L] bool."""
+    starts = m.clone()  # [B, L]
+    starts[:, 1:] &= ~m[:, :-1]
+    return starts
+
+
+def _action_ids_of(m: torch.Tensor) -> torch.Tensor:
+    """Action ids of a bool mask (see :func:`action_ids`), built in place: [B, L] long."""
+    ids = _starts(m).cumsum(dim=1, dtype=torch.int64)  # [B, L] 1-based run number
+    return torch.where(m, ids.sub_(1), -1)
 
 
 def action_ids(mask: torch.Tensor) -> torch.Tensor:
@@ -198,8 +203,7 @@ def action_ids(mask: torch.Tensor) -> torch.Tensor:
     """
     _check_2d("mask", mask)
     m = mask if mask.dtype == torch.bool else mask != 0
-    run = _run_number(m).long()  # [B, L]
-    return torch.where(m, run - 1, torch.full_like(run, -1))
+    return _action_ids_of(m)
 
 
 def _effective_action_ids(
@@ -290,30 +294,39 @@ def displacement_sums(
         _check_device("logp_new", logp_new, logp_old)
     ids = _effective_action_ids(action_ids, m, logp_old)
     acc = _acc_dtype(logp_old.device)
-    old = _work(logp_old)
+    old = _work(logp_old)  # [B, L]
     zero = torch.zeros((), dtype=old.dtype, device=old.device)
+    one = torch.ones((), dtype=old.dtype, device=old.device)
+    # One [B, L] workspace reused through out=: on CPU, allocating (and page-faulting) fresh
+    # [B, L] temporaries costs more than the arithmetic itself.
+    buf = torch.empty_like(old)  # [B, L]
 
+    def row_sum(keep: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Per-row sum of ``values`` where ``keep`` ([B, L] -> [B], acc dtype); clobbers ``out``."""
+        torch.where(keep, values, zero, out=out)
+        return out.sum(1).to(acc)
+
+    n_tok = row_sum(m, one, buf)  # [B] generated tokens
+    old_sum = row_sum(m, old, buf)  # [B]
     if ids is None:
-        run = _run_number(m)  # [B, L] 1-based action number, valid where m
-        first = m & (run == 1)  # [B, L]
-        later = None  # later = m & ~first, done by subtraction below
-        n_actions = run[:, -1] if m.shape[1] else run.new_zeros(batch)  # [B] runs per row
-    else:
-        first = ids == 0  # [B, L]
-        later = ids > 0  # [B, L]
-        n_actions = (ids.amax(1) + 1) if m.shape[1] else ids.new_zeros(batch)  # [B]
-
-    n_tok = m.sum(1)  # [B]
-    has = n_tok > 0  # [B]
-    n_first = first.sum(1)  # [B]
-    old_sum = torch.where(m, old, zero).sum(1).to(acc)  # [B]
-    old_first = torch.where(first, old, zero).sum(1).to(acc)  # [B]
-    if later is None:
+        torch.where(_starts(m), one, zero, out=buf)
+        buf.cumsum_(1)  # [B, L] 1-based run number (exact in float up to 2^24)
+        n_actions = buf[:, -1].to(acc, copy=True) if m.shape[1] else n_tok.new_zeros(batch)
+        first = (buf == 1) & m  # [B, L] the first action
+        later = None  # the rest of the mask: done by subtraction
+        n_first = row_sum(first, one, buf)  # [B]
+        old_first = row_sum(first, old, buf)  # [B]
         n_later = n_tok - n_first  # [B]
         old_later = old_sum - old_first  # [B]
     else:
-        n_later = later.sum(1)
-        old_later = torch.where(later, old, zero).sum(1).to(acc)
+        first = ids == 0  # [B, L]
+        later = ids > 0  # [B, L]
+        n_actions = ((ids.amax(1) + 1) if m.shape[1] else ids.new_zeros(batch)).to(acc)  # [B]
+        n_first = row_sum(first, one, buf)  # [B]
+        old_first = row_sum(first, old, buf)  # [B]
+        n_later = row_sum(later, one, buf)  # [B]
+        old_later = row_sum(later, old, buf)  # [B]
+    has = n_tok > 0  # [B]
     has_first = n_first > 0  # [B]
     has_later = n_later > 0  # [B]
 
@@ -339,14 +352,19 @@ def displacement_sums(
         for name in SUM_FIELDS[len(out) :]:
             out[name] = fz
     else:
-        delta = torch.where(m, _work(logp_new) - old, zero)  # [B, L]
+        delta = buf  # [B, L] change per token, 0 off the mask
+        torch.sub(_work(logp_new).to(old.dtype), old, out=delta)
+        torch.where(m, delta, zero, out=delta)
         d_sum = delta.sum(1).to(acc)  # [B]
-        d_first = torch.where(first, delta, zero).sum(1).to(acc)  # [B]
+        neg = delta < 0  # [B, L] displaced tokens (masked positions are 0)
         if later is None:
-            d_later = d_sum - d_first
+            d_first = row_sum(first, delta, delta)  # [B] (delta is spent after this)
+            d_later = d_sum - d_first  # [B]
         else:
-            d_later = torch.where(later, delta, zero).sum(1).to(acc)
-        n_neg = (delta < 0).sum(1)  # [B] (masked positions are exactly 0)
+            work = torch.empty_like(delta)  # [B, L]
+            d_first = row_sum(first, delta, work)  # [B]
+            d_later = row_sum(later, delta, work)  # [B]
+        n_neg = row_sum(neg, one, buf)  # [B]
         pt = d_sum / n_tok.clamp(min=1)  # [B]
         c_first = c & has_first
         out.update(
@@ -359,12 +377,12 @@ def displacement_sums(
                 "delta_correct_per_token_sum": rsum(c, pt),
                 "delta_incorrect_per_token_sum": rsum(inc, pt),
                 "n_correct_displaced": (c & (d_sum <= 0)).sum().to(acc),
-                "n_correct_tokens_displaced": rsum(c, n_neg.to(acc)),
-                "n_correct_tokens": rsum(c, n_tok.to(acc)),
+                "n_correct_tokens_displaced": rsum(c, n_neg),
+                "n_correct_tokens": rsum(c, n_tok),
                 "delta_first_action_sum": rsum(c_first, d_first),
                 "n_correct_first_action": c_first.sum().to(acc),
                 "delta_later_actions_sum": rsum(c, d_later),
-                "n_correct_later_actions": rsum(c, (n_actions - 1).clamp(min=0).to(acc)),
+                "n_correct_later_actions": rsum(c, (n_actions - 1).clamp(min=0)),
             }
         )
     return torch.stack([out[name] for name in SUM_FIELDS])
@@ -477,7 +495,7 @@ def top_displaced_tokens(
         return []
     ids = _effective_action_ids(action_ids, m, logp_old)
     if ids is None:
-        ids = torch.where(m, _run_number(m).long() - 1, torch.full_like(m, -1, dtype=torch.long))
+        ids = _action_ids_of(m)
     cand = m if (correct is None or not only_correct) else m & correct.bool()[:, None]  # [B, L]
     diff = _work(logp_new) - _work(logp_old)  # [B, L]
     inf = torch.full((), math.inf, dtype=diff.dtype, device=diff.device)

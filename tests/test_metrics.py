@@ -392,3 +392,29 @@ def test_unchanged_likelihood_counts_as_displaced_response_not_token():
     assert row[C.FRAC_CORRECT_DISPLACED] == 1.0  # both correct responses have summed change 0
     assert row[C.FRAC_TOKENS_DISPLACED] == 0.0
     assert row[C.DELTA_CORRECT] == 0.0 and row[C.DELTA_LATER_ACTIONS] == 0.0
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 6), length=st.integers(1, 12))
+def test_first_run_path_equals_action_id_path(seed, batch, length):
+    # Two implementations of the per-action statistics: the mask's runs (interval arithmetic)
+    # and explicit ids (action_ids); they must agree on any mask.
+    g = torch.Generator().manual_seed(seed)
+    logp_old = -torch.rand(batch, length, generator=g, dtype=torch.float64)
+    logp_new = logp_old + torch.randn(batch, length, generator=g, dtype=torch.float64)
+    mask = torch.rand(batch, length, generator=g) > 0.5
+    rewards = (torch.rand(batch, generator=g) > 0.3).double()
+    plain = likelihood_displacement(logp_old, logp_new, mask, rewards=rewards).as_row()
+    ids = action_ids(mask)
+    # ids by brute force, row by row, as an independent reference
+    for r in range(batch):
+        run, prev = -1, False
+        for t in range(length):
+            on = bool(mask[r, t])
+            run += on and not prev
+            assert ids[r, t].item() == (run if on else -1)
+            prev = on
+    explicit = likelihood_displacement(
+        logp_old, logp_new, mask, rewards=rewards, action_ids=ids
+    ).as_row()
+    assert explicit == pytest.approx(plain, nan_ok=True, rel=1e-12, abs=1e-12)
