@@ -1,0 +1,139 @@
+"""Overhead of the LLD monitor on a real TRL GRPOTrainer (tiny Qwen2 models, CPU or GPU).
+
+Four configurations per model size, same seed, run interleaved (A B C D A B C D ...) so that
+machine noise hits all of them alike; the figure is the median time per optimizer step over
+the steps after the first (warm-up) of every repeat:
+
+- ``none``: no monitor;
+- ``capture``: monitor with the post-update probe off (``probe_fraction=0``);
+- ``probe``: default monitor (``probe_fraction=0.25``, detector on);
+- ``llds``: default monitor with LLDS enabled (two updates per generation batch, so it acts).
+
+Targets: capture/none <= 1.03, probe/none <= 1.10, llds/probe <= 1.02.
+
+    python benchmarks/bench_monitor.py [--sizes 64x2,256x4] [--steps 10] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_MODE", "disabled")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from transformers import TrainerCallback
+
+from lld_monitor import LLDMonitor, LLDSConfig
+
+CONFIGS = ("none", "capture", "probe", "llds")
+TARGETS = (("capture", "none", 1.03), ("probe", "none", 1.10), ("llds", "probe", 1.02))
+
+
+class _StepTimer(TrainerCallback):
+    """Wall time of each optimizer step (step begin to step end, generation included)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._t0 = 0.0
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.times.append(time.perf_counter() - self._t0)
+
+
+def run_once(
+    config: str, hidden: int, layers: int, steps: int, seed: int, tmp: Path
+) -> list[float]:
+    """Per-step times of one training run in ``config``."""
+    from lld_grpo_script import make_grpo_trainer
+
+    device = {"use_cpu": not os.environ.get("BENCH_GPU")}
+    trainer = make_grpo_trainer(
+        tmp / "trainer",
+        hidden_size=hidden,
+        num_layers=layers,
+        max_steps=steps,
+        seed=seed,
+        steps_per_generation=2,
+        max_completion_length=16,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        **device,
+    )
+    timer = _StepTimer()
+    monitor = None
+    if config != "none":
+        monitor = LLDMonitor(
+            tmp / "run",
+            probe_fraction=0.0 if config == "capture" else 0.25,
+            detector=config != "capture",
+            llds=LLDSConfig(enabled=True) if config == "llds" else None,
+        )
+        monitor.attach(trainer)
+    trainer.add_callback(timer)  # after the monitor: its on_step_end work is timed too
+    trainer.train()
+    if monitor is not None:
+        monitor.close()
+    return timer.times[1:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="LLD monitor overhead on GRPOTrainer")
+    p.add_argument("--sizes", default="64x2,256x4", help="hidden x layers, comma-separated")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the figures to this file")
+    args = p.parse_args(argv)
+    sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
+    results: dict[str, Any] = {}
+    ok = True
+    for hidden, layers in sizes:
+        times: dict[str, list[float]] = {c: [] for c in CONFIGS}
+        for rep in range(args.repeats):
+            for config in CONFIGS:  # interleaved
+                with tempfile.TemporaryDirectory() as tmp:
+                    times[config] += run_once(
+                        config, hidden, layers, args.steps, args.seed, Path(tmp)
+                    )
+            print(f"  size {hidden}x{layers} repeat {rep + 1}/{args.repeats} done", flush=True)
+        med = {c: statistics.median(t) for c, t in times.items()}
+        key = f"{hidden}x{layers}"
+        results[key] = {"median_step_s": med, "ratios": {}}
+        print(
+            f"model hidden={hidden} layers={layers}: median s/step "
+            + ", ".join(f"{c} {med[c]:.4f}" for c in CONFIGS)
+        )
+        for num, den, target in TARGETS:
+            ratio = med[num] / med[den]
+            passed = ratio <= target
+            ok &= passed
+            results[key]["ratios"][f"{num}/{den}"] = {
+                "ratio": ratio,
+                "target": target,
+                "pass": passed,
+            }
+            print(
+                f"  {num}/{den} = {ratio:.3f} (target <= {target:.2f}) "
+                + ("PASS" if passed else "FAIL")
+            )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    print("ALL PASS" if ok else "SOME FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
