@@ -37,7 +37,23 @@ def test_score_run_by_hand():
     assert score_run("x", [_alert(50, "decay")], healthy).false_alarm
     assert not score_run("x", [_alert(50, "stagnation")], healthy).false_alarm
     failing = {"kind": "nonfinite", "collapse_step": None, "failure": "nonfinite"}
-    assert not score_run("x", [_alert(50, "collapse")], failing).false_alarm
+    failing["failure_step"] = 30
+    s = score_run("x", [_alert(50, "collapse")], failing)
+    assert not s.false_alarm and s.failure_flagged is False
+    assert score_run("x", [_alert(31, "nonfinite")], failing).failure_flagged
+    assert not score_run("x", [_alert(29, "nonfinite")], failing).failure_flagged  # before it
+
+
+def test_failure_runs_are_scored_apart():
+    from lld_monitor.testing import FAILURE_KINDS, HEALTHY_KINDS
+
+    # 8 runs: 3 collapsing, then healthy and the four failure kinds in turn
+    runs = make_suite(8, seed=778, kinds=("collapse", *HEALTHY_KINDS[:1], *FAILURE_KINDS))
+    ev = evaluate((r.steps, r.labels) for r in runs)
+    ours = ev.summaries["ours"]
+    assert ours.n_failure == 4 and ours.failures_flagged == 4 and ours.n_negative == 1
+    assert ev.summaries["grad_spike"].failures_flagged == 0
+    assert "non-LLD failure runs flagged" in ev.table()
 
 
 # --- baselines ------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ class RunScore:
     caught_before: bool
     lead: float | None  # normalised lead (collapse runs only)
     false_alarm: bool
+    failure_flagged: bool | None = None  # non-LLD failure runs: its own alert kind fired
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ class Summary:
     n_negative: int  # runs that neither collapse nor fail otherwise
     false_alarm_runs: int
     by_group: dict[str, dict[str, Any]] = field(default_factory=dict)
+    n_failure: int = 0  # runs with a non-LLD failure (nonfinite, dead_signal, ...)
+    failures_flagged: int = 0  # ... whose own alert kind fired at or after the failure step
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class Evaluation:
             f"{'false-alarm runs':>17}   LLD cols / standard only: caught, median lead"
         )
         lines = [head, "-" * len(head)]
+        n_fail = max((s.n_failure for s in self.summaries.values()), default=0)
         for s in self.summaries.values():
             lead = "n/a" if s.median_lead is None else f"{s.median_lead:.3f}"
             groups = "; ".join(
@@ -94,6 +98,14 @@ class Evaluation:
             lines.append(
                 f"{s.detector:<12} {f'{s.caught_before}/{s.n_collapse}':>14} {lead:>12} "
                 f"{f'{s.false_alarm_runs}/{s.n_negative}':>17}   {groups}"
+            )
+        if n_fail:
+            lines.append(
+                "non-LLD failure runs flagged with their own kind: "
+                + ", ".join(
+                    f"{s.detector} {s.failures_flagged}/{s.n_failure}"
+                    for s in self.summaries.values()
+                )
             )
         return "\n".join(lines)
 
@@ -120,8 +132,13 @@ def score_run(
     lead = None
     if collapse is not None:
         lead = (collapse - first) / collapse if caught else 0.0
-    negative = collapse is None and not labels.get("failure")
+    failure = labels.get("failure")
+    negative = collapse is None and not failure
     false_alarm = negative and any(a.kind in FALSE_KINDS for a in alerts)
+    flagged = None
+    if failure:
+        at = labels.get("failure_step") or 0
+        flagged = any(a.kind == failure and a.step >= at for a in alerts)
     return RunScore(
         detector=detector,
         run=run or str(labels.get("name", "")),
@@ -132,12 +149,14 @@ def score_run(
         caught_before=caught,
         lead=lead,
         false_alarm=false_alarm,
+        failure_flagged=flagged,
     )
 
 
 def _summarise(name: str, scores: Sequence[RunScore]) -> Summary:
     col = [s for s in scores if s.collapse_step is not None]
-    neg = [s for s in scores if s.collapse_step is None and s.kind != "" and not _failed(s)]
+    fail = [s for s in scores if s.failure_flagged is not None]
+    neg = [s for s in scores if s.collapse_step is None and s.failure_flagged is None]
     groups: dict[str, dict[str, Any]] = {}
     for g, members in (
         ("lld", [s for s in col if not s.standard_only]),
@@ -158,13 +177,9 @@ def _summarise(name: str, scores: Sequence[RunScore]) -> Summary:
         n_negative=len(neg),
         false_alarm_runs=sum(s.false_alarm for s in neg),
         by_group=groups,
+        n_failure=len(fail),
+        failures_flagged=sum(bool(s.failure_flagged) for s in fail),
     )
-
-
-def _failed(score: RunScore) -> bool:
-    from lld_monitor.testing import FAILURE_KINDS
-
-    return score.kind in FAILURE_KINDS
 
 
 def evaluate(

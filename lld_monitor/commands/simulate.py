@@ -18,6 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=KINDS,
         help="write N runs of this kind only (default: a mixed suite, 40%% collapsing)",
     )
+    parser.add_argument(
+        "--with-failures",
+        action="store_true",
+        help="mix non-LLD failure runs (nonfinite, dead_signal, ...) into the suite",
+    )
     parser.add_argument("--n-steps", type=int, default=None, help="steps per run (with --kind)")
     parser.add_argument(
         "--standard-only", action="store_true", help="drop the LLD columns (with --kind)"
@@ -29,7 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Generate and write the runs; print one line per run; 2 on bad arguments or a clash."""
-    from lld_monitor.testing import make_run, make_suite, write_run
+    from lld_monitor.testing import (
+        COLLAPSE_KINDS,
+        FAILURE_KINDS,
+        HEALTHY_KINDS,
+        make_run,
+        make_suite,
+        write_run,
+    )
 
     if args.n < 1:
         print("lld-monitor simulate: --n must be >= 1", file=sys.stderr)
@@ -48,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
                 r.labels["name"] = f"{i:03d}_{r.labels['name']}"
                 runs.append(r)
         else:
-            runs = make_suite(args.n, args.seed)
+            kinds = COLLAPSE_KINDS + HEALTHY_KINDS + (FAILURE_KINDS if args.with_failures else ())
+            runs = make_suite(args.n, args.seed, kinds=kinds)
     except ValueError as exc:
         print(f"lld-monitor simulate: {exc}", file=sys.stderr)
         return 2
