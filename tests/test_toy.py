@@ -313,3 +313,52 @@ def test_short_grpo_run_with_monitor_writes_lld_columns(policy, tmp_path):
     # the displacement probe ran on every rollout batch (after its last update)
     assert run.steps[C.N_CORRECT].notna().sum() + run.steps[C.N_INCORRECT].notna().sum() > 0
     assert 0.0 <= res["final_eval"]["accuracy"] <= 1.0
+
+
+def test_demo_command_trains_writes_a_run_and_prints_the_dashboard_command(tmp_path, capsys):
+    pytest.importorskip("lld_monitor.monitor")
+    pytest.importorskip("lld_monitor.analysis")
+    import json
+
+    from lld_monitor.cli import main
+    from lld_monitor.runlog import load_run
+
+    out = tmp_path / "demo"
+    assert (
+        main(
+            [
+                "demo",
+                "--steps",
+                "8",
+                "--seed",
+                "1",
+                "--llds",
+                "on",
+                "--out",
+                str(out),
+                "--quiet",
+                "--sft-steps",
+                "20",
+            ]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert f"lld-monitor dashboard {out}" in text
+    assert "phases:" in text and "sampled accuracy:" in text
+    run = load_run(out)
+    assert run.steps[C.STEP].tolist() == list(range(1, 9))
+    assert (run.steps[C.LLDS_ENABLED] == 1).all()
+    summary = json.loads((out / "toy_summary.json").read_text())
+    assert summary["seed"] == 1 and summary["llds_mode"] == "on"
+    # a second demo into the same folder refuses instead of mixing two runs
+    assert main(["demo", "--steps", "8", "--out", str(out), "--quiet"]) == 1
+
+
+def test_demo_default_out_is_numbered_when_taken(tmp_path):
+    from lld_monitor.commands.demo import default_out
+
+    first = default_out("auto", 0, tmp_path)
+    assert first == tmp_path / "demo-auto-seed0"
+    first.mkdir()
+    assert default_out("auto", 0, tmp_path) == tmp_path / "demo-auto-seed0-2"

@@ -272,7 +272,7 @@ def no_negative_trainer_class():
 
 def train_toy(
     cfg: ToyGRPOConfig,
-    output_dir: str | Path,
+    output_dir: str | Path | None = None,
     *,
     attach: Callable[[Any], Any] | None = None,
     progress: bool = True,
@@ -280,16 +280,20 @@ def train_toy(
 ) -> dict[str, Any]:
     """Warm-start, train with GRPO, evaluate; ``attach(trainer)`` hooks a monitor in.
 
+    ``output_dir`` is the trainer's scratch folder (nothing is saved; default: a temp folder).
     Returns the start and final sampled accuracy, searches per answer, and wall times.
     """
+    import tempfile
+
     t0 = time.time()
     set_threads(cfg.threads)
     setup = setup or build_setup(cfg, progress=progress)
     t_sft = time.time() - t0
-    trainer = make_trainer(cfg, setup, Path(output_dir) / "trainer", progress=progress)
-    if attach is not None:
-        attach(trainer)
-    trainer.train()
+    with tempfile.TemporaryDirectory(prefix="lld_toy_") as tmp:
+        trainer = make_trainer(cfg, setup, output_dir or tmp, progress=progress)
+        if attach is not None:
+            attach(trainer)
+        trainer.train()
     final = evaluate_policy(
         setup.model,
         setup.tokenizer,
@@ -306,3 +310,62 @@ def train_toy(
         "wall_seconds": round(time.time() - t0, 1),
         "log_history": trainer.state.log_history,
     }
+
+
+LLDS_MODES: tuple[str, ...] = ("off", "on", "auto")
+
+
+def monitored_run(
+    cfg: ToyGRPOConfig,
+    run_dir: str | Path,
+    *,
+    llds: str = "auto",
+    lam: float = 0.2,
+    progress: bool = True,
+    token_samples_per_step: int = 4,
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A toy run with ``LLDMonitor`` attached, writing its run log to ``run_dir``.
+
+    ``llds``: ``"off"`` (vanilla GRPO, still measured), ``"on"`` (LLDS from the first step) or
+    ``"auto"`` (the monitor switches LLDS on at a stagnation or decay alert). Also writes
+    ``toy_summary.json`` (config, start and final accuracy, wall time) into ``run_dir``.
+    """
+    import json
+
+    from lld_monitor.llds import LLDSConfig
+    from lld_monitor.monitor import LLDMonitor
+
+    if llds not in LLDS_MODES:
+        raise ValueError(f"llds must be one of {LLDS_MODES}, got {llds!r}")
+    run_dir = Path(run_dir)
+    if (run_dir / "steps.jsonl").exists():
+        raise ValueError(f"{run_dir} already holds a run; choose another folder or delete it")
+    monitor = LLDMonitor(
+        run_dir,
+        llds=LLDSConfig(lam=lam, enabled=(llds == "on")),
+        auto_llds=(llds == "auto"),
+        probe_fraction=1.0,
+        token_samples_per_step=token_samples_per_step,
+        meta={"toy_config": cfg.to_dict(), "llds_mode": llds, **(meta or {})},
+    )
+    error: BaseException | None = None
+    try:
+        result = train_toy(cfg, attach=monitor.attach, progress=progress)
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        monitor.close(error)
+    summary = {
+        "llds_mode": llds,
+        "seed": cfg.seed,
+        "steps": cfg.steps,
+        "start_eval": result["start_eval"],
+        "final_eval": result["final_eval"],
+        "sft_seconds": result["sft_seconds"],
+        "wall_seconds": result["wall_seconds"],
+        "config": cfg.to_dict(),
+    }
+    (run_dir / "toy_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return {**result, "run_dir": str(run_dir)}

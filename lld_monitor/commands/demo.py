@@ -1,0 +1,125 @@
+"""``lld-monitor demo [--steps N] [--seed S] [--llds off|on|auto] [--out DIR]``.
+
+Trains the toy tool-using GRPO run (a tiny model, invented facts, a noisy retriever) on CPU
+with the monitor attached and, by default, automatic LLDS; then prints the analysis of the run
+it wrote and the command that opens the dashboard on it. A couple of minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+DEFAULT_STEPS = 320
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from exc
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register --steps, --seed, --llds, --out, --quiet."""
+    parser.add_argument(
+        "--steps",
+        type=_positive_int,
+        default=DEFAULT_STEPS,
+        help=f"GRPO optimizer updates (8 per rollout batch; default {DEFAULT_STEPS})",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of task, model and sampling")
+    parser.add_argument(
+        "--llds",
+        choices=("off", "on", "auto"),
+        default="auto",
+        help="LLDS regularizer: off (vanilla GRPO), on (from the start), or auto (switched on "
+        "by the monitor at a stagnation or decay alert; the default)",
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="run folder to write (default: runs/demo-<llds>-seed<S>, numbered if it exists)",
+    )
+    parser.add_argument(
+        "--sft-steps",
+        type=int,
+        default=None,
+        help="warm-start (supervised) steps before GRPO (default 400; fewer is faster but "
+        "starts from a weaker policy)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def default_out(llds: str, seed: int, root: Path = Path("runs")) -> Path:
+    """``runs/demo-<llds>-seed<S>``, or the first free ``...-2``, ``-3`` when it exists."""
+    base = root / f"demo-{llds}-seed{seed}"
+    out, n = base, 1
+    while out.exists():
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train, analyse, print. Exit 1 when the output folder already holds a run."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from lld_monitor.toy.train import ToyGRPOConfig, monitored_run
+
+    out = Path(args.out) if args.out else default_out(args.llds, args.seed)
+    if (out / "steps.jsonl").exists():
+        print(
+            f"lld-monitor demo: {out} already holds a run; pass another --out or delete it",
+            file=sys.stderr,
+        )
+        return 1
+    cfg = ToyGRPOConfig(steps=args.steps, seed=args.seed)
+    if args.sft_steps is not None:
+        if args.sft_steps < 0:
+            print("lld-monitor demo: --sft-steps must be >= 0", file=sys.stderr)
+            return 2
+        cfg = replace(cfg, sft=replace(cfg.sft, steps=args.sft_steps))
+    print(
+        f"lld-monitor demo: toy Search-R1 task, tiny Qwen2 policy on CPU; warm start, then "
+        f"{cfg.steps} GRPO updates ({cfg.updates_per_rollout} per rollout batch of "
+        f"{cfg.prompts_per_update * cfg.steps_per_generation} prompts x {cfg.num_generations}), "
+        f"LLDS {args.llds}, seed {args.seed}\n  run folder: {out}"
+    )
+    words = ["--steps", str(args.steps), "--seed", str(args.seed), "--llds", args.llds]
+    if args.sft_steps is not None:
+        words += ["--sft-steps", str(args.sft_steps)]
+    command = "lld-monitor demo " + " ".join(shlex.quote(a) for a in words)
+    result = monitored_run(
+        cfg, out, llds=args.llds, progress=not args.quiet, meta={"command": command}
+    )
+    start, final = result["start_eval"], result["final_eval"]
+    print(
+        f"\ntrained in {result['wall_seconds']:.0f} s (warm start {result['sft_seconds']:.0f} s)\n"
+        f"sampled accuracy: {start['accuracy']:.2f} after warm start -> {final['accuracy']:.2f} "
+        f"after GRPO (one-hop {final.get('accuracy_1hop', float('nan')):.2f}, two-hop "
+        f"{final.get('accuracy_2hop', float('nan')):.2f})\n"
+        f"searches per answer: {start['searches']:.2f} -> {final['searches']:.2f}\n"
+    )
+    _print_analysis(out)
+    print(f"\nOpen the dashboard on this run:\n  lld-monitor dashboard {shlex.quote(str(out))}")
+    return 0
+
+
+def _print_analysis(out: Path) -> None:
+    """The analyzer's summary of the run folder (the same text as ``lld-monitor analyze``)."""
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.commands.analyze import summary_text
+    from lld_monitor.importers import load_table
+
+    df = load_table(out)
+    print("analysis (lld-monitor analyze " + shlex.quote(str(out)) + "):")
+    print(summary_text(df, analyze_run(df)))
