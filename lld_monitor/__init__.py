@@ -42,6 +42,8 @@ _EXPORTS: dict[str, str] = {
     "Analysis": "lld_monitor.analysis",
     # foreign logs (no torch)
     "load_table": "lld_monitor.importers",
+    "detect_format": "lld_monitor.importers",
+    "ImportFormatError": "lld_monitor.importers",
     # monitor (torch; trainers imported only on attach)
     "LLDMonitor": "lld_monitor.monitor",
 }
