@@ -1,0 +1,191 @@
+"""Benchmark the dashboard: first complete render of a long run, and a refresh after 100 new rows.
+
+    python benchmarks/bench_dashboard.py                      # 10k and 100k steps
+    python benchmarks/bench_dashboard.py --steps 10000 100000 --refreshes 5
+    python benchmarks/bench_dashboard.py --browser            # also time Chromium (if installed)
+
+The run is a SIMULATED collapsing run (``lld_monitor.testing``) written by ``RunWriter``. A render
+is one full script run of ``dashboard/app.py`` through Streamlit's ``AppTest`` (reading the run,
+the offline analysis, the plotly figure, the tables: everything but the browser's drawing). The
+refresh appends 100 rows to the run log, then reruns; its cost must not grow with the run's
+length (the reader reads only the new rows, the analysis is not redone for them, the charts are
+decimated to a fixed number of points). ``--browser`` also times a real headless Chromium from
+navigation until the figure has its traces, against a server started on a free local port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+APP = REPO / "dashboard" / "app.py"
+NEW_ROWS = 100
+#: A refresh at the longest length may cost at most this multiple of one at the shortest.
+GROWTH_TARGET = 1.5
+
+
+def write_long_run(path: Path, n_steps: int):
+    """A simulated collapsing run of ``n_steps`` rows; its writer is returned open (a live run)."""
+    import math
+
+    from lld_monitor import columns as C
+    from lld_monitor.runlog import RunWriter
+    from lld_monitor.testing import make_run
+
+    sim = make_run("collapse", n_steps=n_steps, seed=1)
+    writer = RunWriter(path, meta={"simulated": True, "labels": sim.labels})
+    for rec in sim.steps.to_dict("records"):
+        row = {k: float(v) for k, v in rec.items() if not (isinstance(v, float) and math.isnan(v))}
+        row[C.STEP] = int(rec[C.STEP])
+        writer.log_step(row)
+    return writer
+
+
+def append_rows(writer, first_step: int, n: int) -> None:
+    """Append ``n`` step rows to the live run log, as the trainer would."""
+    from lld_monitor import columns as C
+
+    for s in range(first_step, first_step + n):
+        writer.log_step({C.STEP: s, C.REWARD_MEAN: 0.0, C.GRAD_NORM: 1.0, C.ENTROPY: 1.0})
+
+
+def bench_apptest(root: Path, writer, n_steps: int, refreshes: int) -> dict[str, float]:
+    """First render and refresh times (s) of the app on ``root`` through AppTest."""
+    from streamlit.testing.v1 import AppTest
+
+    sys.argv = [str(APP), str(root)]
+    at = AppTest.from_file(str(APP), default_timeout=900)
+    t0 = time.perf_counter()
+    at.run()
+    first = time.perf_counter() - t0
+    _check(at, n_steps)
+    times = []
+    last = n_steps
+    for _ in range(refreshes):
+        append_rows(writer, last, NEW_ROWS)
+        last += NEW_ROWS
+        t0 = time.perf_counter()
+        at.run()
+        times.append(time.perf_counter() - t0)
+        _check(at, last)
+    return {"first": first, "refresh": statistics.median(times), "refresh_max": max(times)}
+
+
+def _check(at, n_rows: int) -> None:
+    if at.exception:
+        raise RuntimeError(f"the app raised: {at.exception[0].message}")
+    text = "\n".join(m.value for m in at.markdown)
+    if f"{n_rows} rows" not in text:
+        raise RuntimeError(f"the app does not show {n_rows} rows")
+
+
+def bench_browser(root: Path, n_steps: int) -> float | None:
+    """Seconds from navigation until Chromium shows the figure's traces; None without Chromium."""
+    import signal
+    import socket
+    import subprocess
+    import urllib.request
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return None
+    if chromium is None:
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "lld_monitor.cli", "dashboard", str(root), "--port", str(port)]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(180):
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        with sync_playwright() as pw:
+            args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+            browser = pw.chromium.launch(executable_path=chromium, args=args)
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            t0 = time.perf_counter()
+            page.goto(url)
+            page.get_by_text(f"{n_steps} rows").wait_for(timeout=600_000)
+            page.wait_for_function(
+                "() => { const g = document.querySelector('.js-plotly-plot');"
+                " return g && g._fullData && g._fullData.length > 0; }",
+                timeout=600_000,
+            )
+            elapsed = time.perf_counter() - t0
+            browser.close()
+        return elapsed
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, nargs="+", default=[10_000, 100_000])
+    p.add_argument("--refreshes", type=int, default=3, help="refreshes timed per size (median)")
+    p.add_argument("--browser", action="store_true", help="also time headless Chromium")
+    args = p.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+
+    results: dict[int, dict[str, float]] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="bench_dashboard_"))
+    try:
+        for n in args.steps:
+            root = tmp / f"root{n}"
+            run = root / f"sim{n}"
+            t0 = time.perf_counter()
+            writer = write_long_run(run, n)
+            print(f"[{n} steps] wrote the run in {time.perf_counter() - t0:.1f} s", flush=True)
+            try:
+                r = bench_apptest(root, writer, n, args.refreshes)
+                if args.browser:
+                    b = bench_browser(root, n + NEW_ROWS * args.refreshes)
+                    if b is not None:
+                        r["browser_first"] = b
+            finally:
+                writer.close()
+            results[n] = r
+            line = (
+                f"[{n} steps] first complete render {r['first']:.2f} s; refresh after "
+                f"{NEW_ROWS} new rows: median {r['refresh'] * 1000:.0f} ms "
+                f"(max {r['refresh_max'] * 1000:.0f} ms)"
+            )
+            if "browser_first" in r:
+                line += f"; Chromium first render {r['browser_first']:.2f} s"
+            print(line, flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    sizes = sorted(results)
+    ok = True
+    if len(sizes) > 1:
+        lo, hi = results[sizes[0]]["refresh"], results[sizes[-1]]["refresh"]
+        ratio = hi / lo
+        ok = ratio <= GROWTH_TARGET
+        print(
+            f"refresh {sizes[-1]} / {sizes[0]} steps: {ratio:.2f}x "
+            f"(target <= {GROWTH_TARGET}x: {'PASS' if ok else 'FAIL'})"
+        )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
