@@ -167,3 +167,16 @@ def test_real_dapo_log_shows_its_entropy_collapse():
     a = analyze_run(importers.load_table(path))
     kinds = [x.kind for x in a.alerts]
     assert "entropy_collapse" in kinds and "dead_signal" in kinds
+
+
+def test_refinement_is_capped_and_says_so(monkeypatch):
+    from lld_monitor.analysis import offline
+
+    run = make_run("collapse", seed=51)
+    monkeypatch.setattr(offline, "MAX_REFINEMENTS", 1)
+    a = analyze_run(run.steps)
+    assert any("more than 1 phase escalations" in n for n in a.notes)
+    # escalations after the first keep the step where the detector became sure
+    later = [s for s in a.phases if s.phase in ("decay", "collapse")]
+    assert later and all(s.start_step == s.evidence["detected_at"] for s in later)
+    assert [x.to_dict() for x in a.alerts] == [x.to_dict() for x in analyze_run(run.steps).alerts]

@@ -123,10 +123,14 @@ def replay(
     return alerts, phases, det
 
 
+MAX_REFINEMENTS = 100  # change-point fits per run (~7 ms each); later boundaries stay as detected
+
+
 def analyze_run(obj: Any, *, config: DetectorConfig | None = None, refine: bool = True) -> Analysis:
     """Analyse a whole run: ``Run``, DataFrame (canonical columns) or path.
 
-    ``refine=False`` keeps the segment boundaries where the online detector became sure.
+    ``refine=False`` keeps the segment boundaries where the online detector became sure; with
+    refinement, at most ``MAX_REFINEMENTS`` escalations get a change-point boundary.
     """
     df = prepare_steps(load_steps(obj))
     det = PhaseDetector(config)
@@ -135,8 +139,14 @@ def analyze_run(obj: Any, *, config: DetectorConfig | None = None, refine: bool 
     alerts, phases, det = replay(df, det)
     steps = df[C.STEP].to_numpy(dtype=np.int64)
     segments = _segments(phases, steps)
+    notes = det.limitations()
     if refine:
-        segments = _refine(segments, df, det)
+        segments, capped = _refine(segments, df, det)
+        if capped:
+            notes.append(
+                f"more than {MAX_REFINEMENTS} phase escalations: boundaries after the first "
+                f"{MAX_REFINEMENTS} are where the detector became sure, not change points"
+            )
     segs = [
         PhaseSegment(p, int(a), int(b), {**_segment_evidence(df, int(a), int(b)), **ev})
         for p, a, b, ev in segments
@@ -147,7 +157,7 @@ def analyze_run(obj: Any, *, config: DetectorConfig | None = None, refine: bool 
         collapse_step=_collapse_step(df, segs),
         signals_used=det.signals_used,
         signals_missing=det.signals_missing,
-        notes=det.limitations(),
+        notes=notes,
     )
 
 
@@ -165,8 +175,12 @@ def _segments(phases: Sequence[str], steps: np.ndarray) -> list[list[Any]]:
     return out
 
 
-def _refine(segs: list[list[Any]], df: pd.DataFrame, det: PhaseDetector) -> list[list[Any]]:
-    """Move each escalation back to the change point of its driving signal, when significant."""
+def _refine(
+    segs: list[list[Any]], df: pd.DataFrame, det: PhaseDetector
+) -> tuple[list[list[Any]], bool]:
+    """Move each escalation back to the change point of its driving signal, when significant.
+
+    Returns the segments and whether ``MAX_REFINEMENTS`` cut the refinement short."""
     has_lp = C.LOGP_CORRECT in det.signals_used
     # the warm-up is 'unknown' only for lack of rows: with the LLD signal, hindsight gives it
     # to the first confirmed phase when that phase is healthy or stagnation
@@ -181,10 +195,16 @@ def _refine(segs: list[list[Any]], df: pd.DataFrame, det: PhaseDetector) -> list
         segs = segs[1:]
     steps = df[C.STEP].to_numpy(dtype=float)
     window = det.config.window_steps
+    done = 0
+    capped = False
     for i in range(1, len(segs)):
         prev, cur = segs[i - 1], segs[i]
         if cur[0] not in _LLD_PHASES or _RANK[cur[0]] <= _RANK[prev[0]]:
             continue
+        if done >= MAX_REFINEMENTS:
+            capped = True
+            break
+        done += 1
         col = C.LOGP_CORRECT if has_lp else C.REWARD_MEAN
         if col not in df.columns:
             continue
@@ -208,7 +228,7 @@ def _refine(segs: list[list[Any]], df: pd.DataFrame, det: PhaseDetector) -> list
                 prev[2] = int(steps[steps < lo].max())
                 cur[1] = int(lo)
             cur[3] = {**cur[3], "boundary": f"no change point of {col} in the window before"}
-    return [s for s in segs if s[2] >= s[1]]
+    return [s for s in segs if s[2] >= s[1]], capped
 
 
 def _change_point(x: np.ndarray, y: np.ndarray, *, min_size: int = 8, f_min: float = 25.0):
