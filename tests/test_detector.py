@@ -240,8 +240,11 @@ def test_state_dict_round_trip_mid_run_gives_identical_alerts(kind, cut):
 
 def test_load_state_dict_rejects_other_hyperparameters():
     det = PhaseDetector(window_steps=50)
+    det.update({C.STEP: 0, C.REWARD_MEAN: 0.2})
     with pytest.raises(ValueError, match="other hyperparameters"):
         PhaseDetector().load_state_dict(det.state_dict())
+    again = PhaseDetector.from_state_dict(det.state_dict())
+    assert again.window_steps == 50 and again.state_dict() == det.state_dict()
 
 
 def test_reset_forgets_everything():

@@ -341,6 +341,13 @@ class PhaseDetector:
             "fired": dict(self._fired),
         }
 
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, Any]) -> PhaseDetector:
+        """A detector with the saved hyperparameters and running state."""
+        det = cls(**dict(state["params"]))
+        det.load_state_dict(state)
+        return det
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a ``state_dict()``; the hyperparameters must be the ones it was saved with."""
         if state.get("version") != 1:
