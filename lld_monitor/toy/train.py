@@ -324,12 +324,14 @@ def monitored_run(
     progress: bool = True,
     token_samples_per_step: int = 4,
     meta: dict[str, Any] | None = None,
+    setup: ToySetup | None = None,
 ) -> dict[str, Any]:
     """A toy run with ``LLDMonitor`` attached, writing its run log to ``run_dir``.
 
     ``llds``: ``"off"`` (vanilla GRPO, still measured), ``"on"`` (LLDS from the first step) or
     ``"auto"`` (the monitor switches LLDS on at a stagnation or decay alert). Also writes
     ``toy_summary.json`` (config, start and final accuracy, wall time) into ``run_dir``.
+    ``setup`` reuses a warm-started policy (it is trained in place; pass a copy to pair runs).
     """
     import json
 
@@ -351,7 +353,7 @@ def monitored_run(
     )
     error: BaseException | None = None
     try:
-        result = train_toy(cfg, attach=monitor.attach, progress=progress)
+        result = train_toy(cfg, attach=monitor.attach, progress=progress, setup=setup)
     except BaseException as exc:
         error = exc
         raise

@@ -1,0 +1,245 @@
+"""Regenerate ``sample_runs/``: real toy GRPO runs (LLDS off / on / auto, several seeds) and
+clearly labelled SIMULATED runs following the paper's Qwen2.5-3B-Instruct timeline.
+
+    python scripts/make_sample_runs.py                 # everything (about 10 min on 2 CPU cores)
+    python scripts/make_sample_runs.py --table-only    # rebuild the README table from the runs
+
+Each real run folder holds the monitor's run log plus ``toy_summary.json``; ``manifest.json``
+records, per run, the exact command, seed, versions and wall time. The table in
+``sample_runs/README.md`` between the ``table:start`` / ``table:end`` markers is rewritten;
+the hand-written text around it is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+MARK_START, MARK_END = "<!-- table:start -->", "<!-- table:end -->"
+#: The paper's Qwen2.5-3B-Instruct timeline (PAPER.md): stagnation to ~60, decay to ~120,
+#: collapse by ~200. The simulated runs use it; they are generated, never trained.
+SIM_TIMELINE = {"stagnation_end": 60, "collapse_start": 120, "collapse_step": 190}
+
+
+def versions() -> dict[str, str]:
+    """Versions of the software that made the runs."""
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("lld_monitor", "torch", "transformers", "trl", "accelerate"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def make_real_runs(
+    out: Path, seeds: list[int], modes: list[str], steps: int, progress: bool
+) -> list[dict[str, Any]]:
+    """One warm start per seed, then one paired GRPO run per LLDS mode from the same start."""
+    from lld_monitor.toy.train import ToyGRPOConfig, build_setup, monitored_run
+
+    entries = []
+    for seed in seeds:
+        cfg = ToyGRPOConfig(steps=steps, seed=seed)
+        t0 = time.time()
+        base = build_setup(cfg, progress=progress)
+        sft_s = time.time() - t0
+        for mode in modes:
+            name = f"toy-llds-{mode}-seed{seed}"
+            run_dir = out / "real" / name
+            if run_dir.exists():
+                raise SystemExit(f"{run_dir} exists; delete sample_runs/real first")
+            setup = copy.copy(base)
+            setup.model = copy.deepcopy(base.model)
+            cmd = (
+                f"python scripts/make_sample_runs.py --seeds {seed} --modes {mode} --steps {steps}"
+            )
+            t1 = time.time()
+            res = monitored_run(
+                cfg,
+                run_dir,
+                llds=mode,
+                progress=progress,
+                token_samples_per_step=2,
+                meta={"command": cmd, "sample_run": name},
+                setup=setup,
+            )
+            entries.append(
+                {
+                    "name": name,
+                    "path": f"real/{name}",
+                    "simulated": False,
+                    "llds_mode": mode,
+                    "seed": seed,
+                    "steps": steps,
+                    "command": cmd,
+                    "warm_start_seconds": round(sft_s, 1),
+                    "grpo_seconds": round(time.time() - t1, 1),
+                    "start_eval": res["start_eval"],
+                    "final_eval": res["final_eval"],
+                }
+            )
+            print(f"{name}: {entries[-1]['grpo_seconds']} s, final {res['final_eval']}")
+    return entries
+
+
+def make_simulated_runs(out: Path, seeds: list[int]) -> list[dict[str, Any]]:
+    """SIMULATED runs from ``lld_monitor.testing``: a collapse on the paper's timeline + healthy."""
+    from lld_monitor.testing import make_run, write_run
+
+    entries = []
+    for seed in seeds:
+        for kind, n_steps, timeline in (
+            ("collapse", 260, SIM_TIMELINE),
+            ("healthy", 260, {}),
+        ):
+            run = make_run(kind, n_steps, seed=seed, **timeline)
+            name = f"SIMULATED-{kind}-seed{seed}"
+            cmd = (
+                f'python -c "from lld_monitor.testing import make_run, write_run; '
+                f"write_run(make_run({kind!r}, {n_steps}, seed={seed}"
+                + "".join(f", {k}={v}" for k, v in timeline.items())
+                + f"), 'sample_runs/simulated/{name}')\""
+            )
+            write_run(run, out / "simulated" / name, meta={"command": cmd})
+            entries.append(
+                {
+                    "name": name,
+                    "path": f"simulated/{name}",
+                    "simulated": True,
+                    "kind": kind,
+                    "seed": seed,
+                    "steps": n_steps,
+                    "command": cmd,
+                    "labels": run.labels,
+                }
+            )
+    return entries
+
+
+def _fmt(x: Any, nd: int = 2) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return f"{x:.{nd}f}"
+
+
+def table_rows(out: Path, entries: list[dict[str, Any]]) -> list[str]:
+    """One markdown row per run: reward, searches, LLD signals, LLDS switch, analyzer verdict."""
+    from lld_monitor import columns as C
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.runlog import load_run
+
+    rows = [
+        "| run | steps | reward: first -> peak -> final (8-step mean) | eval acc start -> final "
+        "| searches/answer start -> final | correct displaced (share, mean; last quarter) "
+        "| delta logp correct (mean; last quarter) | LLDS on at "
+        "| analyzer: phases; alerts; collapse |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        run = load_run(out / e["path"])
+        df = run.steps
+        r = df[C.REWARD_MEAN].rolling(8, min_periods=1).mean()
+        tail = df.iloc[len(df) * 3 // 4 :]
+
+        def col_mean(frame, col):
+            return float(frame[col].mean()) if col in frame else float("nan")
+
+        llds_on = "-"
+        if C.LLDS_ENABLED in df and (df[C.LLDS_ENABLED] == 1).any():
+            llds_on = str(int(df.loc[df[C.LLDS_ENABLED] == 1, C.STEP].iloc[0]))
+        an = analyze_run(out / e["path"])
+        phases = ", ".join(f"{p.phase} {p.start_step}-{p.end_step}" for p in an.phases) or "-"
+        kinds: dict[str, int] = {}
+        for a in an.alerts:
+            kinds[a.kind] = kinds.get(a.kind, 0) + 1
+        alerts = ", ".join(f"{k} x{n}" if n > 1 else k for k, n in kinds.items()) or "none"
+        collapse = "none" if an.collapse_step is None else f"step {an.collapse_step}"
+        if e["simulated"]:
+            acc = searches = "(simulated)"
+            label = f"**SIMULATED** {e['name']}"
+        else:
+            s, f = e["start_eval"], e["final_eval"]
+            acc = f"{_fmt(s['accuracy'])} -> {_fmt(f['accuracy'])}"
+            searches = f"{_fmt(s['searches'])} -> {_fmt(f['searches'])}"
+            label = e["name"]
+        rows.append(
+            f"| {label} | {len(df)} | {_fmt(r.iloc[0])} -> {_fmt(r.max())} -> {_fmt(r.iloc[-1])} "
+            f"| {acc} | {searches} | {_fmt(col_mean(tail, C.FRAC_CORRECT_DISPLACED))} "
+            f"| {_fmt(col_mean(tail, C.DELTA_CORRECT), 3)} | {llds_on} "
+            f"| {phases}; {alerts}; {collapse} |"
+        )
+    return rows
+
+
+def write_table(out: Path, entries: list[dict[str, Any]]) -> None:
+    """Rewrite the README table between the markers (append the markers if absent)."""
+    readme = out / "README.md"
+    text = readme.read_text() if readme.exists() else "# Sample runs\n\n"
+    block = "\n".join([MARK_START, *table_rows(out, entries), MARK_END])
+    if MARK_START in text and MARK_END in text:
+        head, rest = text.split(MARK_START, 1)
+        _, tail = rest.split(MARK_END, 1)
+        text = head + block + tail
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    readme.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "sample_runs"))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--modes", nargs="+", default=["off", "on", "auto"])
+    ap.add_argument("--steps", type=int, default=240)
+    ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--skip-simulated", action="store_true")
+    ap.add_argument("--table-only", action="store_true", help="only rebuild the README table")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    manifest_path = out / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"runs": []}
+    if not args.table_only:
+        t0 = time.time()
+        new: list[dict[str, Any]] = []
+        if not args.skip_real:
+            new += make_real_runs(out, args.seeds, args.modes, args.steps, not args.quiet)
+        if not args.skip_simulated:
+            new += make_simulated_runs(out, [0])
+        names = {e["name"] for e in new}
+        manifest["runs"] = [e for e in manifest["runs"] if e["name"] not in names] + new
+        manifest["versions"] = versions()
+        manifest["last_command"] = " ".join(shlex.quote(a) for a in [sys.argv[0], *sys.argv[1:]])
+        manifest["last_wall_seconds"] = round(time.time() - t0, 1)
+        manifest["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
+        out.mkdir(parents=True, exist_ok=True)
+        manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    order = {"off": 0, "on": 1, "auto": 2}
+    runs = sorted(
+        manifest["runs"],
+        key=lambda e: (e["simulated"], e.get("seed", 0), order.get(e.get("llds_mode"), 9)),
+    )
+    write_table(out, runs)
+    print(f"wrote {out / 'README.md'} table ({len(runs)} runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
