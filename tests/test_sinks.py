@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -376,3 +378,12 @@ def test_webhook_url_from_env_and_bad_urls(
     sink.close()  # waits for the queued POST
     assert received[0][0] == "/from-env"
     assert received[0][2]["text"] == "*lld_monitor* WARNING stop at step 41: stop_on_collapse"
+
+
+def test_sinks_and_runlog_import_neither_torch_nor_wandb() -> None:
+    code = (
+        "import sys, lld_monitor.sinks, lld_monitor.runlog; "
+        "print(sorted(m for m in ('torch', 'wandb', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
