@@ -818,17 +818,26 @@ class PhaseDetector:
                 )
             elif not lp:
                 parts.append("collapse seen in standard metrics (no LLD columns)")
-            seen_parts = []
-            if ev.get("grad_surge"):
-                seen_parts.append(f"grad norm x{_fmt(ev['grad_ratio'])} of its baseline")
-            if ev.get("entropy_rise"):
-                seen_parts.append(f"entropy x{_fmt(ev['entropy_ratio'])} of its baseline")
-            if ev.get("reward_fall"):
-                seen_parts.append(
+            # every corroborating signal with its value; those past their threshold first
+            hits, others = [], []
+            for flag, text in (
+                ("grad_surge", f"grad norm x{_fmt(ev['grad_ratio'])} of its baseline"),
+                ("entropy_rise", f"entropy x{_fmt(ev['entropy_ratio'])} of its baseline"),
+                (
+                    "reward_fall",
                     f"reward {100 * ev['reward_fall_frac']:.0f}% below its peak "
                     f"{ev['reward_peak']:.3f}"
-                )
-            parts.extend(seen_parts)
+                    if math.isfinite(ev.get("reward_fall_frac", _NAN))
+                    else "",
+                ),
+            ):
+                if ev.get(flag):
+                    hits.append(text)
+                elif text and "n/a" not in text:
+                    others.append(text)
+            parts.extend(hits)
+            if others:
+                parts.append("not (yet) past threshold: " + ", ".join(others))
         if math.isfinite(fdw):
             parts.append(f"{100 * fdw:.0f}% of correct responses displaced (recent mean)")
         dcw = ev.get("delta_correct_window", _NAN)
