@@ -446,3 +446,29 @@ def test_incremental_reads_at_any_byte_boundary_equal_the_batch_load(cuts: list[
         incremental = pd.concat([p for p in pieces if len(p)], ignore_index=True)
         batch = load_run(src).steps
         pd.testing.assert_frame_equal(incremental[batch.columns], batch)
+
+
+def test_a_complete_last_line_without_newline_is_kept_and_resume_ends_it(tmp_path: Path) -> None:
+    path = tmp_path / "r"
+    _write_run(path, 2, close=False)._steps.close()
+    with open(path / STEPS_FILE, "a") as f:
+        f.write(json.dumps(_row(2)))  # a whole row, only its newline missing (a foreign writer)
+    assert load_run(path).steps[C.STEP].tolist() == [0, 1, 2]
+    assert RunReader(path).read_steps()[C.STEP].tolist() == [0, 1]  # live: not yet complete
+    with RunWriter(path, resume=True) as w:  # resume keeps the row and starts a fresh line
+        w.log_step(_row(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_run(path).steps[C.STEP].tolist() == [0, 1, 2, 3]
+
+
+def test_reader_rereads_a_replaced_file_with_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "r"
+    _write_run(path, 3)
+    reader = RunReader(path)
+    assert len(reader.read_steps()) == 3
+    data = (path / STEPS_FILE).read_bytes()
+    (path / STEPS_FILE).unlink()
+    (path / STEPS_FILE).write_bytes(data[: data.index(b"\n") + 1])  # a new, shorter file
+    with pytest.warns(RuntimeWarning, match="was replaced"):
+        assert reader.read_steps()[C.STEP].tolist() == [0]
