@@ -418,3 +418,64 @@ def test_first_run_path_equals_action_id_path(seed, batch, length):
         logp_old, logp_new, mask, rewards=rewards, action_ids=ids
     ).as_row()
     assert explicit == pytest.approx(plain, nan_ok=True, rel=1e-12, abs=1e-12)
+
+
+def reference_row(logp_old, logp_new, mask, correct) -> dict[str, float]:
+    """Every column with Python loops over responses, actions and tokens (the definitions)."""
+    old, new, on, ok = logp_old.tolist(), logp_new.tolist(), mask.tolist(), correct.tolist()
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs) if xs else NAN
+
+    acc: dict[str, list[float]] = {k: [] for k in C.CONFIDENCE_COLUMNS + C.DISPLACEMENT_COLUMNS}
+    tok_neg = tok_all = 0
+    for i, row in enumerate(on):
+        toks = [t for t, x in enumerate(row) if x]
+        if not toks:
+            continue
+        actions, run = [], [toks[0]]
+        for t in toks[1:]:
+            if t == run[-1] + 1:
+                run.append(t)
+            else:
+                actions.append(run)
+                run = [t]
+        actions.append(run)
+        d = {t: new[i][t] - old[i][t] for t in toks}
+        key = "c" if ok[i] else "i"
+        acc[C.LOGP_CORRECT if key == "c" else C.LOGP_INCORRECT].append(
+            sum(old[i][t] for t in toks) / len(toks)
+        )
+        acc[C.LOGP_FIRST_ACTION].append(mean([old[i][t] for t in actions[0]]))
+        if len(actions) > 1:
+            acc[C.LOGP_LATER_ACTIONS].append(mean([old[i][t] for a in actions[1:] for t in a]))
+        total = sum(d.values())
+        acc[C.DELTA_CORRECT if key == "c" else C.DELTA_INCORRECT].append(total)
+        acc[C.DELTA_CORRECT_PER_TOKEN if key == "c" else C.DELTA_INCORRECT_PER_TOKEN].append(
+            total / len(toks)
+        )
+        if key == "c":
+            acc[C.FRAC_CORRECT_DISPLACED].append(1.0 if total <= 0 else 0.0)
+            tok_neg += sum(1 for v in d.values() if v < 0)
+            tok_all += len(toks)
+            acc[C.DELTA_FIRST_ACTION].append(sum(d[t] for t in actions[0]))
+            acc[C.DELTA_LATER_ACTIONS].extend(sum(d[t] for t in a) for a in actions[1:])
+    row = {k: mean(v) for k, v in acc.items()}
+    row[C.FRAC_TOKENS_DISPLACED] = tok_neg / tok_all if tok_all else NAN
+    row[C.N_CORRECT] = float(len(acc[C.DELTA_CORRECT]))
+    row[C.N_INCORRECT] = float(len(acc[C.DELTA_INCORRECT]))
+    return row
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 7), length=st.integers(1, 12))
+def test_matches_loop_reference(seed, batch, length):
+    g = torch.Generator().manual_seed(seed)
+    logp_old = -torch.rand(batch, length, generator=g, dtype=torch.float64) * 3
+    logp_new = logp_old + torch.randn(batch, length, generator=g, dtype=torch.float64)
+    same = torch.rand(batch, length, generator=g) < 0.2
+    logp_new = torch.where(same, logp_old, logp_new)  # tokens with no change at all
+    mask = torch.rand(batch, length, generator=g) > 0.4
+    correct = torch.rand(batch, generator=g) > 0.5
+    got = likelihood_displacement(logp_old, logp_new, mask, rewards=correct.double()).as_row()
+    assert got == pytest.approx(reference_row(logp_old, logp_new, mask, correct), nan_ok=True)
