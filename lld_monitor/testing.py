@@ -81,14 +81,16 @@ def make_run(
     *,
     standard_only: bool = False,
     log_every: int = 1,
+    noise: float = 1.0,
     **timeline: Any,
 ) -> LabelledRun:
     """Generate one labelled run of ``kind`` (see ``KINDS``), ``n_steps`` optimizer steps long.
 
     ``standard_only`` drops the LLD columns (a foreign log), ``log_every`` keeps one row every
-    that many steps (sparse logging). ``timeline`` overrides the random boundaries:
-    ``stagnation_end``, ``collapse_start``, ``collapse_step`` (collapse), ``spike_steps``
-    (grad_spikes), ``dip_steps`` (dip), ``failure_step`` (failure kinds).
+    that many steps (sparse logging), ``noise`` multiplies every noise scale (small batches).
+    ``timeline`` overrides the random boundaries: ``stagnation_end``, ``collapse_start``,
+    ``collapse_step`` (collapse), ``spike_steps`` (grad_spikes), ``dip_steps`` (dip),
+    ``failure_step`` (failure kinds).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -97,6 +99,8 @@ def make_run(
         raise ValueError(f"unknown timeline keys {sorted(unknown)}; use {sorted(_TIMELINE_KEYS)}")
     if int(log_every) < 1:
         raise ValueError(f"log_every must be >= 1, got {log_every}")
+    if not noise >= 0:
+        raise ValueError(f"noise must be a non-negative multiplier, got {noise}")
     rng = np.random.default_rng(seed)
     if n_steps is None:
         n_steps = int(rng.integers(220, 301))
@@ -112,13 +116,13 @@ def make_run(
     r0 = rng.uniform(0.08, 0.3)  # initial reward
     r_gain = rng.uniform(0.2, 0.35)  # reward gained by learning
     tau_r = rng.uniform(40.0, 90.0) * scale  # learning time constant (steps)
-    sig_r = rng.uniform(0.01, 0.035)  # per-step reward noise (batch size)
+    sig_r = noise * rng.uniform(0.01, 0.035)  # per-step reward noise (batch size)
     logp0 = rng.uniform(-0.7, -0.2)  # initial per-token log-prob of correct responses
-    sig_lp = rng.uniform(0.003, 0.012)  # its per-step noise
+    sig_lp = noise * rng.uniform(0.003, 0.012)  # its per-step noise
     g0 = math.exp(rng.uniform(math.log(0.15), math.log(1.5)))  # baseline grad norm
-    sig_g = rng.uniform(0.08, 0.2)  # log-normal grad-norm noise
+    sig_g = noise * rng.uniform(0.08, 0.2)  # log-normal grad-norm noise
     h0 = rng.uniform(0.4, 1.2)  # initial entropy
-    sig_h = rng.uniform(0.01, 0.03)  # relative entropy noise
+    sig_h = noise * rng.uniform(0.01, 0.03)  # relative entropy noise
     len0 = rng.uniform(150.0, 500.0)  # mean completion length
     searches = rng.uniform(1.2, 2.5)
 
@@ -274,9 +278,9 @@ def make_run(
         C.FRAC_ZERO_STD_GROUPS: zero_std,
         C.LOGP_CORRECT: logp_c + rng.normal(0.0, sig_lp, n),
         C.LOGP_INCORRECT: logp_c - rng.uniform(0.2, 0.5) + rng.normal(0.0, sig_lp * 1.5, n),
-        C.DELTA_CORRECT: delta_c + rng.normal(0.0, 0.15, n),
-        C.DELTA_CORRECT_PER_TOKEN: (delta_c + rng.normal(0.0, 0.15, n)) / len0,
-        C.FRAC_CORRECT_DISPLACED: np.clip(frac_disp + rng.normal(0.0, 0.04, n), 0.0, 1.0),
+        C.DELTA_CORRECT: delta_c + rng.normal(0.0, 0.15 * noise, n),
+        C.DELTA_CORRECT_PER_TOKEN: (delta_c + rng.normal(0.0, 0.15 * noise, n)) / len0,
+        C.FRAC_CORRECT_DISPLACED: np.clip(frac_disp + rng.normal(0.0, 0.04 * noise, n), 0, 1),
         C.FRAC_TOKENS_DISPLACED: np.clip(0.8 * frac_disp + 0.1 + rng.normal(0.0, 0.03, n), 0, 1),
         C.LLDS_ENABLED: np.zeros(n),
         C.LLDS_LAMBDA: np.zeros(n),

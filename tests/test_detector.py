@@ -132,6 +132,21 @@ def test_hard_negatives_get_no_decay_or_collapse(kind, seed):
     assert phases[-1] in {"healthy", "stagnation"}
 
 
+@pytest.mark.parametrize("kind", ["healthy", "grad_spikes", "dip"])
+def test_noisy_small_batch_runs_get_no_decay_or_collapse(kind):
+    # four times the noise of every signal (a small batch): still no false decay/collapse
+    for seed in (14, 15):
+        alerts, _, _ = _replay(make_run(kind, seed=seed, noise=4.0).steps)
+        assert not [a for a in alerts if a.kind in {"decay", "collapse"}], alerts
+
+
+def test_noisy_collapse_is_still_flagged_before_it_happens():
+    run = make_run("collapse", seed=16, noise=2.0)
+    alerts, _, _ = _replay(run.steps)
+    first = _first(alerts, LLD_KINDS)
+    assert first is not None and first < run.labels["collapse_step"]
+
+
 def test_standard_only_collapse_says_what_it_cannot_see():
     run = make_run("collapse", seed=5, standard_only=True)
     alerts, phases, det = _replay(run.steps)

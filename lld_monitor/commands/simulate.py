@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-every", type=int, default=1, help="log one row every K steps (with --kind)"
     )
+    parser.add_argument(
+        "--noise", type=float, default=1.0, help="multiply every noise scale (with --kind)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
                     seed=args.seed * 100_003 + i,
                     standard_only=args.standard_only,
                     log_every=args.log_every,
+                    noise=args.noise,
                 )
                 r.labels["name"] = f"{i:03d}_{r.labels['name']}"
                 runs.append(r)
