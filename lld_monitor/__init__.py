@@ -33,6 +33,13 @@ _EXPORTS: dict[str, str] = {
     "Run": "lld_monitor.runlog",
     "load_run": "lld_monitor.runlog",
     "RunFormatError": "lld_monitor.runlog",
+    "find_runs": "lld_monitor.runlog",
+    "is_run_dir": "lld_monitor.runlog",
+    # alert sinks (no torch; wandb imported only when used)
+    "ConsoleSink": "lld_monitor.sinks",
+    "RunLogSink": "lld_monitor.sinks",
+    "WandbSink": "lld_monitor.sinks",
+    "WebhookSink": "lld_monitor.sinks",
     # events
     "Alert": "lld_monitor.events",
     "make_event": "lld_monitor.events",
