@@ -368,3 +368,323 @@ def test_core_package_never_imports_verl():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == "False"
+
+
+# --- one real update through verl's actor worker ------------------------------------------------
+#
+# verl 0.9.1 cannot run its actor on CPU as shipped, for three reasons this test works around
+# outside our code: (1) it registers no CPU platform (nvidia/huawei/amd only; without a GPU it
+# falls back to 'nvidia' and asks for NCCL), so a CPU platform is registered through verl's own
+# PlatformRegistry and selected with VERL_PLATFORM=cpu, and VERL_ENGINE_DEVICE=cuda picks the FSDP
+# engine class; (2) its FSDP engine's monkey_patch imports trl's AutoModelForCausalLMWithValueHead
+# whenever trl is installed, which trl 1.16 (our pin) no longer has (verl[fsdp] pins trl 0.27), so a
+# stand-in class is injected (verl only patches its state_dict; the LM never uses it); (3) its
+# worker module imports fastapi, which verl does not declare.
+
+
+def _cpu_platform():
+    """Register a CPU platform in verl's PlatformRegistry (test-only; see the note above)."""
+    import contextlib
+    import types
+
+    from verl.plugin.platform.platform_base import PlatformBase
+    from verl.plugin.platform.platform_manager import PlatformRegistry
+
+    module = types.SimpleNamespace(
+        is_available=lambda: True,
+        current_device=lambda: "cpu",
+        device_count=lambda: 1,
+        set_device=lambda *a: None,
+        synchronize=lambda *a, **k: None,
+        empty_cache=lambda: None,
+        manual_seed=torch.manual_seed,
+        manual_seed_all=torch.manual_seed,
+        max_memory_allocated=lambda *a, **k: 0,
+        max_memory_reserved=lambda *a, **k: 0,
+        memory_allocated=lambda *a, **k: 0,
+        memory_reserved=lambda *a, **k: 0,
+        reset_peak_memory_stats=lambda *a, **k: None,
+        mem_get_info=lambda *a, **k: (0, 0),
+        get_device_name=lambda *a, **k: "CPU",
+        get_rng_state=torch.get_rng_state,
+        set_rng_state=torch.set_rng_state,
+    )
+
+    @PlatformRegistry.register("cpu")
+    class PlatformCPU(PlatformBase):
+        device_name = property(lambda self: "cpu")
+        vendor_name = property(lambda self: "cpu")
+        device_module = property(lambda self: module)
+
+        def is_available(self):
+            return True
+
+        def current_device(self):
+            return "cpu"
+
+        def device_count(self):
+            return 1
+
+        def set_device(self, device_index):
+            return None
+
+        def synchronize(self, device_index=None):
+            return None
+
+        def manual_seed(self, seed):
+            torch.manual_seed(seed)
+
+        def manual_seed_all(self, seed):
+            torch.manual_seed(seed)
+
+        def set_allocator_settings(self, settings):
+            return None
+
+        def empty_cache(self):
+            return None
+
+        def get_device_capability(self, device_index=0):
+            return (None, None)
+
+        def communication_backend_name(self):
+            return "gloo"
+
+        def visible_devices_envvar(self):
+            return "CPU_VISIBLE_DEVICES"
+
+        @contextlib.contextmanager
+        def nvtx_range(self, msg):
+            yield
+
+        def profiler_start(self):
+            return None
+
+        def profiler_stop(self):
+            return None
+
+        def ray_resource_name(self):
+            return "CPU"
+
+        def ray_noset_envvars(self):
+            return []
+
+        def is_ipc_supported(self):
+            return False
+
+        def cudart(self):
+            return None
+
+
+def _actor_update_main(out_path: str) -> None:
+    """Subprocess body: two mini-batches through verl's TrainingWorker with loss_mode=llds."""
+    import json
+    import socket
+    import tempfile
+    import types
+    from functools import partial
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        VERL_PLATFORM="cpu",
+        VERL_ENGINE_DEVICE="cuda",
+    )
+    _cpu_platform()
+    ppo = types.ModuleType("trl.experimental.ppo")
+    ppo.AutoModelForCausalLMWithValueHead = type(
+        "AutoModelForCausalLMWithValueHead", (torch.nn.Module,), {}
+    )
+    sys.modules["trl.experimental.ppo"] = ppo
+
+    from hydra import compose, initialize_config_dir
+    from verl import DataProto
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import TrainingWorkerConfig
+    from verl.workers.engine_workers import TrainingWorker
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+    from lld_monitor.tiny import build_tiny_model, build_tokenizer
+
+    model_dir = tempfile.mkdtemp()
+    tok = build_tokenizer(["the cat sat on the mat search answer info"] * 4)
+    build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    overrides = [
+        line.strip().rstrip("\\").strip()
+        for line in (REPO / "examples" / "verl_llds_override.sh").read_text().splitlines()
+        if line.strip().startswith(("actor_rollout_ref.actor.policy_loss", "+actor_rollout_ref"))
+    ]
+    cfg_dir = Path(verl.__file__).parent / "trainer" / "config"
+    with initialize_config_dir(config_dir=str(cfg_dir), version_base=None):
+        cfg = compose(
+            config_name="ppo_trainer",
+            overrides=[
+                *overrides,
+                f"actor_rollout_ref.model.path={model_dir}",
+                "+actor_rollout_ref.model.override_config.attn_implementation=eager",
+                "actor_rollout_ref.model.use_remove_padding=false",
+                "actor_rollout_ref.actor.strategy=fsdp2",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                "actor_rollout_ref.actor.use_dynamic_bsz=false",
+                "actor_rollout_ref.actor.use_kl_loss=false",
+                "actor_rollout_ref.actor.optim.lr=0.05",
+                "actor_rollout_ref.rollout.n=1",
+            ],
+        )
+    torch.distributed.init_process_group("gloo")
+    model_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
+    actor_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    actor_config.model_config = model_config
+    engine = actor_config.engine
+    engine.use_dynamic_bsz, engine.use_remove_padding = False, False
+    engine.micro_batch_size_per_gpu, engine.infer_micro_batch_size_per_gpu = 1, 4
+    worker = TrainingWorker(
+        config=TrainingWorkerConfig(
+            model_type="language_model",
+            model_config=model_config,
+            engine_config=engine,
+            optimizer_config=actor_config.optim,
+            checkpoint_config=actor_config.checkpoint,
+        )
+    )
+    worker.reset()
+    worker.set_loss_fn(partial(ppo_loss, config=actor_config))  # as ActorRolloutRefWorker does
+
+    # 4 responses of 6 tokens after 3 prompt tokens; tokens 2-3 of rows 0-2 are a tool
+    # observation (masked out of response_mask: two actions). Row 2 repeats row 1 but is
+    # preserving (A=0) while row 1 is pushed down (A=-1): the first update displaces row 2.
+    torch.manual_seed(0)
+    vocab = len(tok)
+    prompts = torch.randint(5, vocab, (4, 3))
+    responses = torch.randint(5, vocab, (4, 6))
+    prompts[2], responses[2] = prompts[1], responses[1]
+    attention_mask = torch.ones(4, 9, dtype=torch.long)
+    response_mask = attention_mask[:, 3:].clone()
+    response_mask[:3, 2:4] = 0
+    base = {
+        "input_ids": torch.cat([prompts, responses], 1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0),
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": response_mask,
+    }
+    adv = torch.tensor([1.0, -1.0, 0.0, -0.5])[:, None] * response_mask  # [B, R] like verl's
+
+    def logp(rows):
+        data = {k: v[rows] for k, v in base.items()}
+        td = left_right_2_no_padding(
+            DataProto.from_dict(tensors=data, meta_info={"temperature": 1.0}).to_tensordict()
+        )
+        tu.assign_non_tensor(td, calculate_entropy=True, compute_loss=False)
+        out = worker.infer_batch(td)  # how verl's trainer computes old_log_prob
+        return no_padding_2_padding(tu.get(out, "log_probs"), td).float()
+
+    def update(rows, old):
+        data = {k: v[rows] for k, v in base.items()}
+        data.update(old_log_probs=old[rows], advantages=adv[rows])
+        td = left_right_2_no_padding(
+            DataProto.from_dict(tensors=data, meta_info={"temperature": 1.0}).to_tensordict()
+        )
+        tu.assign_non_tensor(  # as RayPPOTrainer._update_actor does
+            td,
+            calculate_entropy=False,
+            distillation_use_topk=False,
+            distillation_only=False,
+            global_batch_size=2,
+            mini_batch_size=2,
+            epochs=1,
+            seed=1,
+            dataloader_kwargs={"shuffle": False},
+            compute_loss=True,
+        )
+        metrics = tu.get(worker.train_mini_batch(td), "metrics")
+        return {k: float(v) for k, v in reduce_metrics(metrics).items()}
+
+    rows = torch.arange(4)
+    old = logp(rows)
+    first = update(rows[:2], old)
+    mid = logp(rows)
+    second = update(rows[2:], old)
+    result = {
+        "first": first,
+        "second": second,
+        "old": old.tolist(),
+        "mid": mid.tolist(),
+        "adv": adv.tolist(),
+        "mask": response_mask.tolist(),
+    }
+    Path(out_path).write_text(json.dumps(result))
+
+
+@pytest.mark.slow
+def test_one_real_update_through_verls_actor_worker(tmp_path):
+    pytest.importorskip("fastapi")  # verl's worker module imports it; verl does not declare it
+    out = tmp_path / "result.json"
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[2])\n"
+        "import test_verl\n"
+        "test_verl._actor_update_main(sys.argv[1])\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(out), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    import json
+
+    r = json.loads(out.read_text())
+    old, mid = torch.tensor(r["old"]), torch.tensor(r["mid"])
+    adv, mask = torch.tensor(r["adv"]), torch.tensor(r["mask"])
+    first, second = r["first"], r["second"]
+    # first mini-batch: pi_theta == pi_old -> no displacement, LLDS exactly 0
+    assert first["lld/llds_loss"] == 0.0 and first["lld/llds_frac_gated"] == 0.0
+    assert first["lld/delta_correct"] == pytest.approx(0.0, abs=1e-6)
+    assert first["lld/llds_enabled"] == 1.0 and first["lld/llds_lambda"] == 0.2
+    # the first update lowered row 2 (a copy of the pushed-down row 1)
+    d2 = ((old[2] - mid[2]) * mask[2]).sum()
+    assert d2 > 0
+    # second mini-batch: LLDS acts; its values match llds_loss on the mid log-probs (the
+    # policy after the first update, which is what the second mini-batch's forward sees)
+    want = [
+        llds_loss(mid[[i]], old[[i]], adv[[i], 0], mask[[i]]) for i in (2, 3)
+    ]  # micro-batches of one row
+    want_loss = sum(float(w.loss) for w in want) / 2
+    assert want_loss > 0
+    assert second["lld/llds_loss"] == pytest.approx(want_loss, rel=1e-3, abs=1e-5)
+    assert second["lld/llds_frac_gated"] == pytest.approx(
+        sum(float(w.frac_gated) for w in want) / 2
+    )
+    assert second["lld/llds_scale"] == pytest.approx(0.5)  # 1 row of a 2-row mini-batch
+    # the loss verl backpropagated (its actor/pg_loss, summed over micro-batches) includes
+    # lambda * scale * L_LLDS on top of verl's vanilla loss
+    cfg = actor_config(lv.LLDSPolicyLossConfig())
+    cfg.global_batch_info.update(
+        dp_size=1, batch_num_tokens=int(mask[2:].sum()), global_batch_size=2
+    )
+    vanilla = core_algos.get_policy_loss_fn("vanilla")
+    v = sum(
+        float(call(vanilla, old[[i]], mid[[i]], adv[[i]], mask[[i]], "token-mean", cfg)[0])
+        for i in (2, 3)
+    )
+    assert second["actor/pg_loss"] == pytest.approx(
+        v + 0.2 * 0.5 * 2 * want_loss, rel=1e-3, abs=1e-5
+    )
+    # LLD metrics pooled over the mini-batch (rows 2, 3; correct = A > 0: none)
+    stats = likelihood_displacement(old[2:], mid[2:], mask[2:], advantages=adv[2:, 0]).as_row()
+    assert second["lld/n_correct"] == 0.0 and second["lld/n_incorrect"] == 2.0
+    assert second["lld/delta_incorrect"] == pytest.approx(
+        stats[C.DELTA_INCORRECT], rel=1e-3, abs=1e-5
+    )
