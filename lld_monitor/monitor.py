@@ -62,6 +62,7 @@ _STD_FIELDS: tuple[str, ...] = (
     "n_probe",  # probe measurements (post-update forwards) folded in
     "llds_on",  # rank 0's switch state (others contribute 0): keeps ranks in agreement
     "llds_lam",
+    "grad_max",  # rank 0's max pre-clip grad norm over the step's updates
 )
 
 
@@ -153,7 +154,9 @@ class _Acc:
         """[len(_STD_FIELDS) + 2K] float64 vector of every sum (zeros where absent)."""
         parts = []
         for name in _STD_FIELDS:
-            v = self.std.get(name, 0.0)
+            v = self.std.get(name, 0.0) if name != "grad_max" else self.grad_max
+            if isinstance(v, float) and math.isnan(v):
+                v = 0.0
             parts.append(
                 v.to(device, torch.float64)
                 if isinstance(v, torch.Tensor)
@@ -787,33 +790,27 @@ class LLDMonitor:
         dist = _torch_dist()
         if dist is not None and dist.get_backend() == "nccl" and device.type != "cuda":
             device = torch.device("cuda", torch.cuda.current_device())
-        vec = acc.vector(n_sum, device)
+        names = sorted(acc.reward_fn)  # the same reward functions on every rank
+        parts = [acc.vector(n_sum, device)]
+        parts += [acc.reward_fn[n].to(device, torch.float64) for n in names]  # (sum, count) each
+        vec = torch.cat(parts)  # [n_std + 2K + 2F]
         n_std = len(_STD_FIELDS)
-        i_on, i_lam = _STD_FIELDS.index("llds_on"), _STD_FIELDS.index("llds_lam")
+        rank0_only = [_STD_FIELDS.index(f) for f in ("llds_on", "llds_lam", "grad_max")]
         if self.strict:  # tests: this rank's sums before the cross-rank reduction
             self.last_local_sums = vec.detach().clone()
-        if dist is not None:
-            if dist.get_rank() == 0:
-                vec[i_on] = float(self.llds.enabled)
-                vec[i_lam] = self.llds.lam
-            dist.all_reduce(vec, op=dist.ReduceOp.SUM)
-        else:
+        i_on, i_lam = rank0_only[0], rank0_only[1]
+        if dist is None or dist.get_rank() == 0:
             vec[i_on] = float(self.llds.enabled)
             vec[i_lam] = self.llds.lam
-        names = sorted(acc.reward_fn)
-        fn_vals: list[float] = []
-        if names:
-            fn_vec = torch.stack([acc.reward_fn[n].to(device, torch.float64) for n in names])
-            if dist is not None:
-                dist.all_reduce(fn_vec, op=dist.ReduceOp.SUM)
-            fn_vals = fn_vec.reshape(-1).tolist()
-        grad_max = acc.grad_max
+        else:  # rank 0's value only: the switch state, and the (DDP-global) grad norm max
+            vec[rank0_only] = 0.0
+        if dist is not None:
+            dist.all_reduce(vec, op=dist.ReduceOp.SUM)
         host = vec.tolist()  # the one host transfer of the step
-        if isinstance(grad_max, torch.Tensor):
-            grad_max = float(grad_max)
+        fn_vals = host[n_std + 2 * n_sum :]
         s = dict(zip(_STD_FIELDS, host[:n_std], strict=True))
         conf = torch.tensor(host[n_std : n_std + n_sum], dtype=torch.float64)
-        disp = torch.tensor(host[n_std + n_sum :], dtype=torch.float64)
+        disp = torch.tensor(host[n_std + n_sum : n_std + 2 * n_sum], dtype=torch.float64)
 
         if dist is not None and self.llds._sync(bool(s["llds_on"] > 0.5), s["llds_lam"]):
             logger.info("lld_monitor: LLDS state adopted from rank 0")
@@ -840,7 +837,7 @@ class LLDMonitor:
             row[C.LOSS] = s["loss_sum"] / s["loss_count"]
         if s["grad_count"] > 0:
             row[C.GRAD_NORM] = s["grad_sum"] / s["grad_count"]
-            row[C.GRAD_NORM_MAX] = grad_max
+            row[C.GRAD_NORM_MAX] = s["grad_max"]
         for k, name in enumerate(names):
             tot, cnt = fn_vals[2 * k], fn_vals[2 * k + 1]
             row[C.REWARD_FN_PREFIX + name] = tot / cnt if cnt > 0 else float("nan")

@@ -106,9 +106,9 @@ def test_reduction_is_exact_sums_not_means_of_means(two_rank_run: Path) -> None:
                 keep = mask.sum(1) > 0
                 pooled_delta.append(((new - old).double() * mask).sum(1)[keep])
                 pooled_correct.append(correct[keep])
-            torch.testing.assert_close(loc[n_std + k :], sums, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(loc[n_std + k : n_std + 2 * k], sums, rtol=1e-6, atol=1e-6)
         # ... and the row equals the statistics of both ranks' responses pooled together.
-        stats = stats_from_sums(total[n_std + k :]).as_row()
+        stats = stats_from_sums(total[n_std + k : n_std + 2 * k]).as_row()
         delta, correct = torch.cat(pooled_delta), torch.cat(pooled_correct)
         assert row[C.N_INCORRECT] == int((~correct).sum()) == stats[C.N_INCORRECT]
         if (~correct).any():
