@@ -192,8 +192,9 @@ def _starts(m: torch.Tensor) -> torch.Tensor:
 
 def _action_ids_of(m: torch.Tensor) -> torch.Tensor:
     """Action ids of a bool mask (see :func:`action_ids`), built in place: [B, L] long."""
-    ids = _starts(m).cumsum(dim=1, dtype=torch.int64)  # [B, L] 1-based run number
-    return torch.where(m, ids.sub_(1), -1)
+    ids = _starts(m).cumsum(dim=1, dtype=torch.int64).sub_(1)  # [B, L] 0-based run number
+    none = torch.full((), -1, dtype=torch.int64, device=m.device)
+    return torch.where(m, ids, none, out=ids)  # in place: one [B, L] int64 allocation
 
 
 def action_ids(mask: torch.Tensor) -> torch.Tensor:
