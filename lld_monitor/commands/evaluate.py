@@ -47,8 +47,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0
+    from lld_monitor.runlog import find_runs
+
     simulated = sum(bool(labels.get("simulated")) for _, labels in runs)
-    print(f"{len(runs)} labelled runs under {args.dir} ({simulated} simulated)")
+    skipped = len(find_runs(args.dir)) - len(runs)
+    print(
+        f"{len(runs)} labelled runs under {args.dir} ({simulated} simulated)"
+        + (f"; {skipped} run folders without labels skipped" if skipped else "")
+    )
     print(result.table())
     print(
         "caught before: warning (stagnation/decay/collapse) before the labelled collapse step; "
