@@ -47,6 +47,11 @@ _EXPORTS: dict[str, str] = {
     "PhaseDetector": "lld_monitor.analysis",
     "analyze_run": "lld_monitor.analysis",
     "Analysis": "lld_monitor.analysis",
+    "PhaseSegment": "lld_monitor.analysis",
+    "DetectorConfig": "lld_monitor.analysis",
+    "GradSpikeDetector": "lld_monitor.analysis",
+    "RewardDropDetector": "lld_monitor.analysis",
+    "evaluate": "lld_monitor.analysis",
     # foreign logs (no torch)
     "load_table": "lld_monitor.importers",
     "detect_format": "lld_monitor.importers",
@@ -55,7 +60,7 @@ _EXPORTS: dict[str, str] = {
     "LLDMonitor": "lld_monitor.monitor",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = [*sorted(_EXPORTS), "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -37,10 +37,14 @@ DELTA_CORRECT = "delta_correct"  # mean over correct responses of summed change
 DELTA_INCORRECT = "delta_incorrect"  # mean over incorrect responses of summed change
 DELTA_CORRECT_PER_TOKEN = "delta_correct_per_token"  # mean over correct of per-token mean change
 DELTA_INCORRECT_PER_TOKEN = "delta_incorrect_per_token"
-FRAC_CORRECT_DISPLACED = "frac_correct_displaced"  # share of correct responses with summed change <= 0
-FRAC_TOKENS_DISPLACED = "frac_tokens_displaced"  # share of correct responses' tokens with change < 0
-DELTA_FIRST_ACTION = "delta_first_action"  # mean over correct responses of first action's summed change
-DELTA_LATER_ACTIONS = "delta_later_actions"  # mean over (correct response, later action) of summed change
+# share of correct responses whose summed change is <= 0 (the paper's >50% indicator)
+FRAC_CORRECT_DISPLACED = "frac_correct_displaced"
+# share of the generated tokens of correct responses whose change is < 0
+FRAC_TOKENS_DISPLACED = "frac_tokens_displaced"
+# mean over correct responses of the first action's summed change
+DELTA_FIRST_ACTION = "delta_first_action"
+# mean over (correct response, later action) pairs of the summed change
+DELTA_LATER_ACTIONS = "delta_later_actions"
 N_CORRECT = "n_correct"  # number of correct responses measured this step
 N_INCORRECT = "n_incorrect"  # number of incorrect responses measured this step
 
@@ -89,7 +93,12 @@ LLD_COLUMNS: tuple[str, ...] = CONFIDENCE_COLUMNS + DISPLACEMENT_COLUMNS
 
 #: Every canonical step column, in display order.
 STEP_COLUMNS: tuple[str, ...] = (
-    (STEP, TIME) + STANDARD_COLUMNS + CONFIDENCE_COLUMNS + DISPLACEMENT_COLUMNS + LLDS_COLUMNS
+    STEP,
+    TIME,
+    *STANDARD_COLUMNS,
+    *CONFIDENCE_COLUMNS,
+    *DISPLACEMENT_COLUMNS,
+    *LLDS_COLUMNS,
 )
 
 # --- event log fields -----------------------------------------------------------------------

@@ -14,7 +14,8 @@ class Alert:
     """One alert: what was seen, at which step, how bad, and the numbers behind it."""
 
     step: int
-    kind: str  # stagnation | decay | collapse | nonfinite | dead_signal | entropy_collapse | length_blowup | ...
+    # stagnation | decay | collapse | nonfinite | dead_signal | entropy_collapse | length_blowup
+    kind: str
     severity: str  # info | warning | critical
     message: str  # human-readable, names the evidence with numbers
     evidence: dict[str, Any] = field(default_factory=dict)
