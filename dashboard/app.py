@@ -37,6 +37,16 @@ STATUS_BADGE = {
 }
 
 
+def _keep(key: str) -> None:
+    """on_change: remember a widget's value under ``key + ':kept'`` (survives identity changes)."""
+    st.session_state[f"{key}:kept"] = st.session_state[key]
+
+
+def _restore(key: str, value: object) -> None:
+    """Set a keyed widget's value before it is drawn (its options or bounds may have changed)."""
+    st.session_state[key] = value
+
+
 def md(text: object) -> str:
     """Escape Markdown in text that came from a run (names, messages)."""
     return _MD_SPECIAL.sub(r"\\\1", str(text)).replace("\n", " ")
@@ -92,14 +102,21 @@ def select_runs(scope: sources.Scope) -> list[sources.Target]:
             extra.append(target)
             names.append(target.name)
     by_name = {t.name: t for t in (*scope.targets, *extra)}
-    saved = st.session_state.get("lld_selected")
-    if saved is None:
+    key = "lld_runs"
+    kept = st.session_state.get(f"{key}:kept")
+    if kept is None:
         from_query = [n for n in st.query_params.get_all("run") if n in by_name]
         first = [t.name for t in scope.targets if t.kind == "run"][:1] or names[:1]
-        saved = from_query or first
-    default = [n for n in saved if n in by_name]
-    chosen = st.multiselect("Runs (overlaid, one colour per run)", options=names, default=default)
-    st.session_state["lld_selected"] = chosen
+        kept = from_query or first
+        st.session_state[f"{key}:kept"] = kept
+    _restore(key, [n for n in kept if n in by_name])
+    chosen = st.multiselect(
+        "Runs (overlaid, one colour per run)",
+        options=names,
+        key=key,
+        on_change=_keep,
+        args=(key,),
+    )
     st.query_params["run"] = chosen
     return [by_name[n] for n in chosen]
 
@@ -137,19 +154,28 @@ def select_range(runs: list[sources.LiveRun]) -> tuple[int, int] | None:
     lo_all, hi_all = min(firsts), max(lasts)
     if lo_all >= hi_all:
         return (lo_all, hi_all)
-    saved = st.session_state.get("lld_range")
+    key = "lld_range"
+    kept = st.session_state.get(f"{key}:kept")  # (lo, hi, hi was the last step)
     lo, hi = lo_all, hi_all
-    if saved is not None:
-        lo = min(max(saved[0], lo_all), hi_all)
-        hi = hi_all if saved[2] else min(max(saved[1], lo), hi_all)
+    if kept is not None:
+        lo = min(max(kept[0], lo_all), hi_all)
+        hi = hi_all if kept[2] else min(max(kept[1], lo), hi_all)
+    _restore(key, (lo, hi))
+    st.session_state[f"{key}:max"] = hi_all
     value = st.slider(
         "Step range (kept across refreshes; follows new steps while it reaches the last one)",
         min_value=lo_all,
         max_value=hi_all,
-        value=(lo, hi),
+        key=key,
+        on_change=_keep_range,
     )
-    st.session_state["lld_range"] = (value[0], value[1], value[1] >= hi_all)
     return (int(value[0]), int(value[1]))
+
+
+def _keep_range() -> None:
+    value = st.session_state["lld_range"]
+    at_end = value[1] >= st.session_state.get("lld_range:max", value[1])
+    st.session_state["lld_range:kept"] = (value[0], value[1], at_end)
 
 
 def render_table(runs: list[sources.LiveRun], step_range: tuple[int, int] | None) -> None:
@@ -200,7 +226,10 @@ def render_drilldown(runs: list[sources.LiveRun]) -> None:
             "monitor measures displacement)."
         )
         return
-    step = st.selectbox("Step", steps[::-1], key=f"lld_drill_step:{name}")
+    key = f"lld_drill_step:{name}"
+    kept = st.session_state.get(f"{key}:kept")
+    _restore(key, kept if kept in steps else steps[-1])  # a chosen step stays chosen
+    step = st.selectbox("Step", steps[::-1], key=key, on_change=_keep, args=(key,))
     try:
         table = live.tokens(int(step))
     except (OSError, ValueError) as exc:

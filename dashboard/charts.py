@@ -47,7 +47,7 @@ MARKER_SYMBOLS: dict[str, str] = {
 }
 SEVERITY_SIZE: dict[str, int] = {"info": 8, "warning": 11, "critical": 14}
 #: Traces longer than this are decimated (min and max of each bucket kept, so spikes survive).
-DEFAULT_MAX_POINTS = 2000
+DEFAULT_MAX_POINTS = 1000
 #: At most this many vertical event lines (critical alerts and interventions) are drawn.
 MAX_EVENT_LINES = 60
 
@@ -297,7 +297,7 @@ def _run_traces(
                 continue
             y_all = steps[column].to_numpy(dtype=float)
             common = {
-                "type": "scattergl",
+                "type": "scatter",
                 "mode": "lines",
                 "legendgroup": run.name,
                 "legendgrouptitle": {"text": run.name},

@@ -326,6 +326,9 @@ class LiveRun:
         except (ValueError, OSError) as exc:  # RunFormatError / ImportFormatError are ValueErrors
             self.error = _one_line(exc)
             return 0
+        except Exception as exc:  # a reader bug must not take the page down: shown, not hidden
+            self.error = f"unexpected {type(exc).__name__} while reading: {_one_line(exc)}"
+            return 0
         self.error = None
         if added:
             self._frame = None
@@ -426,6 +429,8 @@ class LiveRun:
             self.analysis_error = f"the analyzer is not available ({_one_line(exc)})"
         except (ValueError, KeyError, TypeError) as exc:
             self.analysis_error = f"analysis failed: {_one_line(exc)}"
+        except Exception as exc:  # an analyzer bug: shown in the header, the charts still draw
+            self.analysis_error = f"analysis failed ({type(exc).__name__}): {_one_line(exc)}"
         self._analysis_rows = n
         self._analysis_time = self.clock()
 

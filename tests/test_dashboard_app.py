@@ -303,7 +303,7 @@ def test_query_string_cannot_leave_root(tmp_path: Path, monkeypatch: pytest.Monk
     assert not at.exception
     assert at.multiselect[0].options == ["inside"]
     assert any("Ignored" in w.value and "outside" in w.value for w in at.warning)
-    assert "outside" not in json.dumps(at.session_state["lld_selected"])
+    assert "outside" not in json.dumps(at.session_state["lld_runs"])
     at2 = make_app(monkeypatch, root, query="link").run()
     assert any("Ignored" in w.value for w in at2.warning)
     assert at2.multiselect[0].options == ["inside"]
@@ -326,6 +326,10 @@ def test_two_runs_overlaid_with_a_legend_each(
     colors = {d["legendgroup"]: d["line"]["color"] for d in spec["data"] if "line" in d}
     assert colors["llds"] != colors["vanilla"]
     assert step_slider(at).value == (0, 24)
+    assert at.query_params["run"] == ["llds", "vanilla"]  # the choice is in the URL
+    at.multiselect[0].set_value([]).run()
+    assert not at.exception
+    assert any("Select one or more runs" in i.value for i in at.info)
 
 
 # --- helpers --------------------------------------------------------------------------------------
