@@ -358,6 +358,19 @@ def test_verl_plugin_import_registers_in_a_fresh_process():
     assert res.stdout.strip().endswith("lld_monitor.integrations.verl")
 
 
+def test_trl_compat_stand_in():
+    # trl 1.16 has no AutoModelForCausalLMWithValueHead; verl's FSDP engine imports it. The
+    # module registered a stand-in at import (and does nothing when one is already there).
+    import importlib
+
+    import trl
+
+    assert not hasattr(trl, "AutoModelForCausalLMWithValueHead")
+    module = importlib.import_module(lv.TRL_COMPAT_MODULE)
+    assert issubclass(module.AutoModelForCausalLMWithValueHead, torch.nn.Module)
+    assert lv.ensure_trl_compat() is False
+
+
 def test_core_package_never_imports_verl():
     code = (
         "import sys\n"
@@ -377,8 +390,8 @@ def test_core_package_never_imports_verl():
 # falls back to 'nvidia' and asks for NCCL), so a CPU platform is registered through verl's own
 # PlatformRegistry and selected with VERL_PLATFORM=cpu, and VERL_ENGINE_DEVICE=cuda picks the FSDP
 # engine class; (2) its FSDP engine's monkey_patch imports trl's AutoModelForCausalLMWithValueHead
-# whenever trl is installed, which trl 1.16 (our pin) no longer has (verl[fsdp] pins trl 0.27), so a
-# stand-in class is injected (verl only patches its state_dict; the LM never uses it); (3) its
+# whenever trl is installed, which trl 1.16 (our pin) no longer has (verl[fsdp] pins trl 0.27):
+# that one is our module's job (ensure_trl_compat), because it breaks GPU runs too; (3) its
 # worker module imports fastapi, which verl does not declare.
 
 
@@ -480,7 +493,6 @@ def _actor_update_main(out_path: str) -> None:
     import json
     import socket
     import tempfile
-    import types
     from functools import partial
 
     with socket.socket() as s:
@@ -496,11 +508,8 @@ def _actor_update_main(out_path: str) -> None:
         VERL_ENGINE_DEVICE="cuda",
     )
     _cpu_platform()
-    ppo = types.ModuleType("trl.experimental.ppo")
-    ppo.AutoModelForCausalLMWithValueHead = type(
-        "AutoModelForCausalLMWithValueHead", (torch.nn.Module,), {}
-    )
-    sys.modules["trl.experimental.ppo"] = ppo
+    # trl: lld_monitor.integrations.verl (imported at the top) registered its stand-in already
+    assert "trl.experimental.ppo" in sys.modules
 
     from hydra import compose, initialize_config_dir
     from verl import DataProto

@@ -68,6 +68,48 @@ check_verl_version(verl.__version__)
 from verl.trainer.ppo import core_algos  # noqa: E402  (after the version check on purpose)
 from verl.workers.config import PolicyLossConfig  # noqa: E402
 
+TRL_COMPAT_MODULE = "trl.experimental.ppo"
+
+
+def ensure_trl_compat() -> bool:
+    """Let verl 0.9.x's FSDP engine build a model when trl >= 1 is installed; True if patched.
+
+    verl's ``apply_monkey_patch`` imports ``AutoModelForCausalLMWithValueHead`` from
+    ``trl.experimental.ppo`` or ``trl`` whenever trl is importable (it only replaces that class's
+    ``state_dict``); trl 1.x (lld_monitor pins 1.16) has neither, so the actor crashes at model
+    build. This registers a stand-in module holding an empty class, and logs it.
+    """
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    if importlib.util.find_spec("trl") is None or TRL_COMPAT_MODULE in sys.modules:
+        return False
+    for name in (TRL_COMPAT_MODULE, "trl"):
+        try:
+            module = importlib.import_module(name)
+            getattr(module, "AutoModelForCausalLMWithValueHead")  # noqa: B009 (lazy trl attrs)
+            return False
+        except (ImportError, AttributeError):
+            continue
+    stand_in = types.ModuleType(TRL_COMPAT_MODULE)
+    stand_in.__doc__ = "lld_monitor stand-in: verl 0.9.x imports this class from trl < 1."
+    stand_in.AutoModelForCausalLMWithValueHead = type(
+        "AutoModelForCausalLMWithValueHead", (torch.nn.Module,), {}
+    )
+    sys.modules[TRL_COMPAT_MODULE] = stand_in
+    _LOG.warning(
+        "lld_monitor: installed trl has no AutoModelForCausalLMWithValueHead, which verl %s's "
+        "FSDP engine imports; registered a stand-in %s (verl only patches its state_dict)",
+        verl.__version__,
+        TRL_COMPAT_MODULE,
+    )
+    return True
+
+
+ensure_trl_compat()
+
 __all__ = [
     "LOSS_NAME",
     "METRIC_PREFIX",
