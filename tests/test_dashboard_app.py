@@ -478,3 +478,29 @@ def test_simulated_spiral_shows_the_analyzers_phases(
     analyzer_steps = sorted(float(a.step) for a in expected.alerts)
     assert sorted(arr(events["x"]).tolist()) == analyzer_steps  # no logged events: all post hoc
     assert all("(analyzer)" in t for t in events["text"])
+
+
+def test_drilldown_step_stays_chosen_when_new_samples_arrive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = write_run(tmp_path / "exp1", 50, close=False)  # token samples at step 40
+    sample = w.path / "tokens"
+    assert sample.is_dir()
+    one = [{C.TOK_RESPONSE: 0, C.TOK_POSITION: 0, C.TOK_TEXT: "x", C.TOK_DELTA: -0.1}]
+    w.log_tokens(one, step=45)
+    at = make_app(monkeypatch, tmp_path).run()
+    step_box = at.selectbox(key="lld_drill_step:exp1")
+    assert step_box.options == ["45", "40"] and step_box.value == 45  # newest first
+    step_box.set_value(40).run()
+    w.log_tokens(one, step=48)
+    at.run()
+    step_box = at.selectbox(key="lld_drill_step:exp1")
+    assert step_box.options == ["48", "45", "40"]
+    assert step_box.value == 40  # the user's choice, not the newest step
+    w.close()
+
+
+def test_app_arguments() -> None:
+    args = sources.parse_app_args(["runs", "--refresh", "2", "--stale", "30"])
+    assert args.paths == (Path("runs"),) and args.refresh_s == 2.0 and args.stale_s == 30.0
+    assert sources.parse_app_args([]).paths == (Path.cwd(),)
