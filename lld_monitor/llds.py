@@ -13,6 +13,10 @@ For responses in the preserving set ``{i : A_i >= 0}``, generated tokens only, w
 ``w`` is ``answer_weight`` (beta, LLDS-MA) on the tokens where ``answer_mask`` is set and 1
 elsewhere; the gate uses the unweighted ``d``, as the authors' code does.
 ``L_total = L_GRPO + lam * L_LLDS``: the caller multiplies by ``lam``.
+
+LLDS is identically zero while ``logp_new == logp_old`` (the first update on a rollout batch,
+or fully on-policy training with one update per batch): it acts only when a batch is reused.
+The gate is strict (``> 0``, no tolerance), so train with dropout off.
 """
 
 from __future__ import annotations
@@ -207,7 +211,7 @@ def llds_loss(
     ``logp_new``/``logp_old``/``mask`` [B, L] (mask 1 on generated tokens), ``advantages`` [B]
     (or [B, L], constant per response in GRPO: reduced by a masked mean), ``answer_mask`` [B, L]
     (1 on the final answer span), ``answer_weight`` float or [B], ``action_ids`` [B, L] optional
-    override of the mask's runs (0-based, -1 = none).
+    override of the mask's runs (0-based, < L, -1 = none; tokens with -1 are never gated).
 
     Normalisation ``"paper"`` (our reading of PAPER.md), with P the preserving responses,
     n_i the generated tokens of response i and g the gate indicator per token:
@@ -222,7 +226,7 @@ def llds_loss(
     _check_inputs(logp_new, logp_old, advantages, mask, gate, normalize)
     m = mask if mask.dtype == torch.bool else mask != 0  # [B, L]
     batch, length = m.shape
-    n_tok = m.sum(1)  # [B]
+    n_tok = m.sum(1, dtype=torch.int32)  # [B]
     if advantages.dim() == 2:  # per-token advantages: one value per response in GRPO
         zero_a = torch.zeros((), dtype=advantages.dtype, device=advantages.device)
         adv = torch.where(m, advantages, zero_a).sum(1) / n_tok.clamp(min=1)  # [B]
@@ -230,6 +234,7 @@ def llds_loss(
         adv = advantages  # [B]
     pres = (adv.detach() >= 0) & (n_tok > 0)  # [B] preserving responses
     pm = m & pres[:, None]  # [B, L] preserving tokens
+    n_pres_tok = torch.where(pres, n_tok, 0).sum()  # scalar
 
     half = (torch.float16, torch.bfloat16)
     new = logp_new.float() if logp_new.dtype in half else logp_new  # [B, L]
@@ -241,7 +246,7 @@ def llds_loss(
         if gate == "token":
             keep = pm & (diff > 0)  # [B, L] tokens with max(0, d) > 0
             n_gated = keep.sum()
-            n_units = pm.sum()
+            n_units = n_pres_tok
         else:
             dd = torch.where(pm, diff, zero)  # [B, L] d, 0 off the preserving tokens
             positive = dd > 0  # [B, L]
@@ -280,12 +285,11 @@ def llds_loss(
     w = _token_weights(answer_mask, answer_weight, gated)
     if w is not None:
         gated = gated * w  # [B, L]
-    n_pres_tok = pm.sum()
     if normalize == "token_mean":
-        loss = gated.sum() / m.sum().clamp(min=1)
+        loss = gated.sum() / n_tok.sum().clamp(min=1)
     elif gate == "action":
         per_row = gated.sum(1) / n_tok.clamp(min=1)  # [B]
         loss = torch.where(pres, per_row, zero).sum() / pres.sum().clamp(min=1)
     else:
         loss = gated.sum() / n_pres_tok.clamp(min=1)
-    return LLDSOutput(loss.to(logp_new.dtype), frac, n_pres_tok, n_gated)
+    return LLDSOutput(loss.to(logp_new.dtype), frac, n_pres_tok.long(), n_gated.long())
