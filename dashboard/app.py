@@ -117,7 +117,8 @@ def select_runs(scope: sources.Scope) -> list[sources.Target]:
         on_change=_keep,
         args=(key,),
     )
-    st.query_params["run"] = chosen
+    if st.query_params.get_all("run") != chosen:  # the URL names the runs shown
+        st.query_params["run"] = chosen
     return [by_name[n] for n in chosen]
 
 
