@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -112,20 +110,20 @@ def test_wandb_offline_run_gets_the_rows_and_alerts(tmp_path: Any, monkeypatch: 
                 return [Alert(2, "stagnation", "warning", "flat likelihood", {"slope": 0.0})]
             return []
 
+    from test_sinks import _alerts, _history, _wandb_records  # engineer B's .wandb reader
+
     run = wandb.init(project="lld-test", dir=str(tmp_path))
-    monitor = LLDMonitor(
-        tmp_path / "run", sinks=[sinks.WandbSink(run)], detector=OneAlert(), strict=True
-    )
+    run_dir = Path(run.dir).parent
+    sink = sinks.WandbSink(run, step_mode="step")
+    monitor = LLDMonitor(tmp_path / "run", sinks=[sink], detector=OneAlert(), strict=True)
     for step in (1, 2, 3):
         monitor.end_step(step=step, **{C.GRAD_NORM: float(step)})
     monitor.close()
     run.finish()
-    files = list(Path(tmp_path).rglob("*.wandb"))
-    assert files, "the offline run wrote no .wandb file"
-    summary = list(Path(tmp_path).rglob("wandb-summary.json"))
-    if summary:
-        data = json.loads(summary[0].read_text())
-        assert any(C.GRAD_NORM in k for k in data)
-    raw = b"".join(f.read_bytes() for f in files)
-    assert b"flat likelihood" in raw  # run.alert text in the offline record
-    assert os.environ["WANDB_MODE"] == "offline"
+    records = _wandb_records(run_dir)
+    history = _history(records)
+    assert [h["_step"] for h in history] == [1, 2, 3]
+    assert [h["lld/" + C.GRAD_NORM] for h in history] == [1.0, 2.0, 3.0]
+    assert [(a[0], a[1]) for a in _alerts(records)] == [
+        ("lld_monitor alert: stagnation", "step 2: flat likelihood")
+    ]
