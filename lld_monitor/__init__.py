@@ -21,6 +21,11 @@ _EXPORTS: dict[str, str] = {
     "action_ids": "lld_monitor.metrics",
     "masked_mean": "lld_monitor.metrics",
     "top_displaced_tokens": "lld_monitor.metrics",
+    "correct_mask": "lld_monitor.metrics",
+    "per_response_delta": "lld_monitor.metrics",
+    "displacement_sums": "lld_monitor.metrics",
+    "stats_from_sums": "lld_monitor.metrics",
+    "SUM_FIELDS": "lld_monitor.metrics",
     # LLDS regularizer (torch)
     "llds_loss": "lld_monitor.llds",
     "LLDSOutput": "lld_monitor.llds",
