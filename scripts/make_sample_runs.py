@@ -30,6 +30,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK_START, MARK_END = "<!-- table:start -->", "<!-- table:end -->"
+SPIRAL_START, SPIRAL_END = "<!-- spiral:start -->", "<!-- spiral:end -->"
 #: The paper's Qwen2.5-3B-Instruct timeline (PAPER.md): stagnation to ~60, decay to ~120,
 #: collapse by ~200. The simulated runs use it; they are generated, never trained.
 SIM_TIMELINE = {"stagnation_end": 60, "collapse_start": 120, "collapse_step": 190}
@@ -133,6 +134,133 @@ def make_simulated_runs(out: Path, seeds: list[int]) -> list[dict[str, Any]]:
     return entries
 
 
+def spiral_configs(steps: int) -> dict[str, Any]:
+    """The bounded spiral attempt: configurations built from the ingredients the theory names."""
+    from dataclasses import replace
+
+    from lld_monitor.toy.rollout import RolloutConfig
+    from lld_monitor.toy.sft import SFTConfig
+    from lld_monitor.toy.task import ToyTaskConfig
+    from lld_monitor.toy.train import ToyGRPOConfig
+
+    base = ToyGRPOConfig(steps=steps)
+    return {
+        # small model, 32 updates per rollout batch, high lr, no KL
+        "s1-small-32upd-lr3e-3": replace(
+            base, learning_rate=3e-3, steps_per_generation=8, num_iterations=4, beta=0.0
+        ),
+        # larger model and vocabulary (long tail), 4 random "thinking" words before each action
+        # (long low-likelihood text shared by correct and incorrect responses), two-word answers
+        # sharing words with distractors, 16 updates per rollout, no KL
+        "s2-big-vocab-think-2word": replace(
+            base,
+            learning_rate=1e-3,
+            steps_per_generation=8,
+            num_iterations=2,
+            beta=0.0,
+            hidden_size=128,
+            extra_vocab=1000,
+            task=ToyTaskConfig(n_values=12, answer_words=2),
+            sft=SFTConfig(steps=500, think_words=4),
+            rollout=RolloutConfig(max_action_tokens=14, max_completion_tokens=128),
+        ),
+    }
+
+
+def make_spiral_runs(out: Path, steps: int, names: list[str] | None, progress: bool) -> list:
+    """Each spiral configuration as vanilla GRPO, with negative-advantage gradients zeroed
+    (the ablation that tells LLD from generic instability), and with LLDS from the start."""
+    from dataclasses import replace
+
+    from lld_monitor.toy.train import build_setup, monitored_run
+
+    entries = []
+    for cname, cfg in spiral_configs(steps).items():
+        if names and cname not in names:
+            continue
+        t0 = time.time()
+        base = build_setup(cfg, progress=progress)
+        sft_s = time.time() - t0
+        print(f"{cname}: warm start {sft_s:.0f} s, start eval {base.start_eval}", flush=True)
+        for variant, vcfg, mode in (
+            ("vanilla", cfg, "off"),
+            ("no-neg-adv", replace(cfg, zero_negative_advantages=True), "off"),
+            ("llds", cfg, "on"),
+        ):
+            name = f"{cname}-{variant}"
+            setup = copy.copy(base)
+            setup.model = copy.deepcopy(base.model)
+            cmd = f"python scripts/make_sample_runs.py --spiral {cname} --spiral-steps {steps}"
+            t1 = time.time()
+            res = monitored_run(
+                vcfg,
+                out / "spiral" / name,
+                llds=mode,
+                progress=progress,
+                token_samples_per_step=0,
+                meta={"command": cmd, "spiral_config": cname, "variant": variant},
+                setup=setup,
+            )
+            entries.append(
+                {
+                    "name": name,
+                    "path": f"spiral/{name}",
+                    "simulated": False,
+                    "spiral": cname,
+                    "variant": variant,
+                    "llds_mode": mode,
+                    "seed": cfg.seed,
+                    "steps": steps,
+                    "command": cmd,
+                    "warm_start_seconds": round(sft_s, 1),
+                    "grpo_seconds": round(time.time() - t1, 1),
+                    "start_eval": res["start_eval"],
+                    "final_eval": res["final_eval"],
+                }
+            )
+            print(f"{name}: {entries[-1]['grpo_seconds']} s, final {res['final_eval']}", flush=True)
+    return entries
+
+
+def spiral_rows(out: Path, entries: list[dict[str, Any]]) -> list[str]:
+    """Per spiral run: reward, entropy, grad norm and LLD signals, early vs late."""
+    from lld_monitor import columns as C
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.runlog import load_run
+
+    rows = [
+        "| run | reward first -> peak -> final (32-step mean) | eval acc start -> final "
+        "| searches start -> final | entropy first -> last quarter | grad norm max "
+        "| correct displaced (first / last quarter) | delta logp correct (first / last quarter) "
+        "| analyzer: alerts; collapse |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        df = load_run(out / e["path"]).steps
+        r = df[C.REWARD_MEAN].rolling(32, min_periods=1).mean()
+        q = max(1, len(df) // 4)
+        head, tail = df.iloc[:q], df.iloc[-q:]
+        an = analyze_run(out / e["path"])
+        kinds: dict[str, int] = {}
+        for a in an.alerts:
+            kinds[a.kind] = kinds.get(a.kind, 0) + 1
+        alerts = ", ".join(f"{k} x{n}" if n > 1 else k for k, n in kinds.items()) or "none"
+        collapse = "none" if an.collapse_step is None else f"step {an.collapse_step}"
+        s, f = e["start_eval"], e["final_eval"]
+        rows.append(
+            f"| {e['name']} | {_fmt(r.iloc[0])} -> {_fmt(r.max())} -> {_fmt(r.iloc[-1])} "
+            f"| {_fmt(s['accuracy'])} -> {_fmt(f['accuracy'])} "
+            f"| {_fmt(s['searches'])} -> {_fmt(f['searches'])} "
+            f"| {_fmt(head[C.ENTROPY].mean())} -> {_fmt(tail[C.ENTROPY].mean())} "
+            f"| {_fmt(df[C.GRAD_NORM_MAX].max())} "
+            f"| {_fmt(head[C.FRAC_CORRECT_DISPLACED].mean())} / "
+            f"{_fmt(tail[C.FRAC_CORRECT_DISPLACED].mean())} "
+            f"| {_fmt(head[C.DELTA_CORRECT].mean(), 3)} / {_fmt(tail[C.DELTA_CORRECT].mean(), 3)} "
+            f"| {alerts}; {collapse} |"
+        )
+    return rows
+
+
 def _fmt(x: Any, nd: int = 2) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"
@@ -188,14 +316,14 @@ def table_rows(out: Path, entries: list[dict[str, Any]]) -> list[str]:
     return rows
 
 
-def write_table(out: Path, entries: list[dict[str, Any]]) -> None:
-    """Rewrite the README table between the markers (append the markers if absent)."""
+def write_block(out: Path, rows: list[str], start: str, end: str) -> None:
+    """Rewrite the README block between the markers (append the markers if absent)."""
     readme = out / "README.md"
     text = readme.read_text() if readme.exists() else "# Sample runs\n\n"
-    block = "\n".join([MARK_START, *table_rows(out, entries), MARK_END])
-    if MARK_START in text and MARK_END in text:
-        head, rest = text.split(MARK_START, 1)
-        _, tail = rest.split(MARK_END, 1)
+    block = "\n".join([start, *rows, end])
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        _, tail = rest.split(end, 1)
         text = head + block + tail
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
@@ -211,12 +339,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-real", action="store_true")
     ap.add_argument("--skip-simulated", action="store_true")
     ap.add_argument("--table-only", action="store_true", help="only rebuild the README table")
+    ap.add_argument(
+        "--spiral", nargs="*", default=None, help="run the spiral attempt (configuration names)"
+    )
+    ap.add_argument("--spiral-steps", type=int, default=1000)
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     out = Path(args.out)
     manifest_path = out / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"runs": []}
-    if not args.table_only:
+    if args.spiral is not None and not args.table_only:
+        t0 = time.time()
+        new = make_spiral_runs(out, args.spiral_steps, args.spiral, not args.quiet)
+        names = {e["name"] for e in new}
+        manifest["spiral"] = [e for e in manifest.get("spiral", []) if e["name"] not in names] + new
+        manifest["spiral_wall_seconds"] = round(time.time() - t0, 1)
+        manifest["versions"] = versions()
+        manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    elif not args.table_only:
         t0 = time.time()
         new: list[dict[str, Any]] = []
         if not args.skip_real:
@@ -236,8 +376,11 @@ def main(argv: list[str] | None = None) -> int:
         manifest["runs"],
         key=lambda e: (e["simulated"], e.get("seed", 0), order.get(e.get("llds_mode"), 9)),
     )
-    write_table(out, runs)
-    print(f"wrote {out / 'README.md'} table ({len(runs)} runs)")
+    if runs:
+        write_block(out, table_rows(out, runs), MARK_START, MARK_END)
+    if manifest.get("spiral"):
+        write_block(out, spiral_rows(out, manifest["spiral"]), SPIRAL_START, SPIRAL_END)
+    print(f"wrote {out / 'README.md'} tables ({len(runs)} runs)")
     return 0
 
 

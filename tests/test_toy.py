@@ -362,3 +362,21 @@ def test_demo_default_out_is_numbered_when_taken(tmp_path):
     assert first == tmp_path / "demo-auto-seed0"
     first.mkdir()
     assert default_out("auto", 0, tmp_path) == tmp_path / "demo-auto-seed0-2"
+
+
+def test_think_words_prefix_every_action_with_filler_only():
+    from lld_monitor.toy.model import filler_words
+
+    kb = KnowledgeBase.generate(replace(SMALL_TASK, miss_rate=0.0))
+    r = Retriever(kb, seed=0)
+    filler = filler_words(20)
+    q = next(q for q in kb.questions() if q.hops == 2)
+    segs = demonstration(q, r, kb, random.Random(0), think_words=3, filler=filler)
+    generated = [text.split() for text, g in segs if g]
+    assert len(generated) == 3  # two searches and the answer
+    for words in generated:
+        assert all(w in filler for w in words[:3]) and words[3] in ("<search>", "<answer>")
+    # feedback never carries filler
+    assert not any(w in filler for text, g in segs if not g for w in text.split())
+    with pytest.raises(ValueError, match="filler"):
+        demonstration(q, r, kb, random.Random(0), think_words=2)

@@ -5,6 +5,13 @@ from __future__ import annotations
 from lld_monitor.tiny import DEFAULT_SPECIAL_TOKENS, build_tiny_model, build_tokenizer
 from lld_monitor.toy.task import ANSWER_CLOSE, TAGS, KnowledgeBase
 
+FILLER_PREFIX = "zz"
+
+
+def filler_words(n: int) -> list[str]:
+    """``n`` filler words (``zz0000``, ...): no meaning in the task, never part of an answer."""
+    return [f"{FILLER_PREFIX}{i:04d}" for i in range(n)]
+
 
 def build_toy_tokenizer(kb: KnowledgeBase, *, extra_words: int = 0):
     """A word-level tokenizer over the task's vocabulary, with every tool tag as one token.
@@ -12,7 +19,7 @@ def build_toy_tokenizer(kb: KnowledgeBase, *, extra_words: int = 0):
     ``extra_words`` adds that many unused filler words, to give probability mass a long tail to
     spill into (one of the ingredients the LLD theory names).
     """
-    words = kb.vocabulary() + [f"zz{i:04d}" for i in range(extra_words)]
+    words = kb.vocabulary() + filler_words(extra_words)
     vocab_size = len(words) + len(DEFAULT_SPECIAL_TOKENS) + len(TAGS)
     tok = build_tokenizer([" ".join(words)], vocab_size=vocab_size, extra_tokens=TAGS)
     missing = [w for w in words if tok.convert_tokens_to_ids(w) == tok.unk_token_id]

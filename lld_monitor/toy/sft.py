@@ -28,6 +28,7 @@ class SFTConfig:
     p_wrong_answer: float = 0.25
     p_stop_early: float = 0.3
     clean_frac: float = 0.5  # first share of the steps on clean demonstrations (learn to copy)
+    think_words: int = 0  # random filler words before each action (needs a filler vocabulary)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -51,6 +52,9 @@ def demo_batch(
     ``loss_mask[b, t] = 1`` where token ``t`` was generated in the demonstration (it is the
     target of the prediction made at ``t - 1``).
     """
+    from lld_monitor.toy.model import FILLER_PREFIX
+
+    filler = [w for w in tokenizer.get_vocab() if w.startswith(FILLER_PREFIX)]
     rows, masks = [], []
     for q in questions:
         segs = demonstration(
@@ -61,6 +65,8 @@ def demo_batch(
             p_skip_search=config.p_skip_search,
             p_wrong_answer=config.p_wrong_answer,
             p_stop_early=config.p_stop_early,
+            think_words=config.think_words,
+            filler=sorted(filler),
         )
         p_ids, c_ids, c_mask = encode_segments(tokenizer, q.prompt, segs)
         rows.append(p_ids + c_ids)

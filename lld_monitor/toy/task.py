@@ -241,17 +241,27 @@ def demonstration(
     p_skip_search: float = 0.0,
     p_wrong_answer: float = 0.0,
     p_stop_early: float = 0.0,
+    think_words: int = 0,
+    filler: Sequence[str] = (),
 ) -> list[tuple[str, bool]]:
     """A demonstration as ``(text, generated)`` segments; noise makes it imperfect.
 
     ``p_skip_search``: answer with a guessed value without searching. ``p_wrong_answer``: answer
     with a value from a distractor. ``p_stop_early``: on two-hop questions, answer after the
-    first search. Tool feedback comes from the real retriever (``generated=False``).
+    first search. ``think_words``: each action starts with that many random ``filler`` words (a
+    long, low-likelihood "reasoning" prefix shared by correct and incorrect responses). Tool
+    feedback comes from the real retriever (``generated=False``).
     """
+    if think_words and not filler:
+        raise ValueError("think_words > 0 needs filler words: build the tokenizer with extra_words")
+
+    def think() -> str:
+        return "".join(f"{rng.choice(filler)} " for _ in range(think_words))
+
     attr = question.attribute
     if rng.random() < p_skip_search:
         guess = rng.choice(kb.values[attr])
-        return [(f"{ANSWER_OPEN} {guess} {ANSWER_CLOSE}", True)]
+        return [(f"{think()}{ANSWER_OPEN} {guess} {ANSWER_CLOSE}", True)]
     segments: list[tuple[str, bool]] = []
     queries = list(question.gold_queries)
     if question.hops == 2 and rng.random() < p_stop_early:
@@ -268,7 +278,7 @@ def demonstration(
                 break
             query = f"{friend} {attr}"
         issued.append(query)
-        segments.append((f"{SEARCH_OPEN} {query} {SEARCH_CLOSE}", True))
+        segments.append((f"{think()}{SEARCH_OPEN} {query} {SEARCH_CLOSE}", True))
         last_docs = retriever.search(query)
         body = f" {DOC_SEP} ".join(f"{e} {a} {v}" for e, a, v in last_docs)
         info = f"{INFO_OPEN} {body} {INFO_CLOSE}" if body else f"{INFO_OPEN} {INFO_CLOSE}"
@@ -282,5 +292,5 @@ def demonstration(
         answer = rng.choice(distractors)
     else:
         answer = rng.choice(kb.values[attr])
-    segments.append((f"{ANSWER_OPEN} {answer} {ANSWER_CLOSE}", True))
+    segments.append((f"{think()}{ANSWER_OPEN} {answer} {ANSWER_CLOSE}", True))
     return segments
