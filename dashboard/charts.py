@@ -192,7 +192,7 @@ def _subplot_layout() -> dict[str, Any]:
         rows=1 + len(PANELS),
         cols=1,
         shared_xaxes=True,
-        vertical_spacing=0.025,
+        vertical_spacing=0.035,
         row_heights=[0.5] + [1.0] * len(PANELS),
         subplot_titles=["Events (hover for messages)"] + [p.title for p in PANELS],
     )

@@ -26,6 +26,7 @@ from lld_monitor.events import make_event
 from lld_monitor.runlog import RunWriter
 
 pytestmark = pytest.mark.browser
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright missing (test extra)")
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -133,7 +134,6 @@ def server(live_run: tuple[Path, RunWriter]) -> Iterator[str]:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (make browser)")
 def test_dashboard_in_chromium(server: str, live_run: tuple[Path, RunWriter]) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api")
     ARTIFACTS.mkdir(exist_ok=True)
     _, writer = live_run
     with sync_api.sync_playwright() as pw:
