@@ -48,8 +48,11 @@ def response_table(tokens: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for response, group in tokens.groupby(C.TOK_RESPONSE, sort=True):
         generated = _generated_mask(group)
-        deltas = pd.to_numeric(group.get(C.TOK_DELTA), errors="coerce")
-        gen_deltas = deltas[generated] if deltas is not None else pd.Series(dtype=float)
+        if C.TOK_DELTA in group:
+            deltas = pd.to_numeric(group[C.TOK_DELTA], errors="coerce")
+        else:  # samples logged without a post-update pass: no change to show
+            deltas = pd.Series(np.nan, index=group.index)
+        gen_deltas = deltas[generated]
         rows.append(
             {
                 C.TOK_RESPONSE: response,

@@ -377,6 +377,24 @@ def test_token_colours_and_escaping() -> None:
     assert html.index("&lt;b&gt;") < html.index("&quot;x&quot; &amp; y")  # sorted by position
 
 
+def test_response_table_by_hand() -> None:
+    rows = pd.DataFrame(
+        {
+            C.TOK_RESPONSE: [0, 0, 0, 1],
+            C.TOK_GENERATED: [1, 0, 1, 1],
+            C.TOK_DELTA: [-0.5, np.nan, 0.2, 0.1],
+            C.TOK_REWARD: [1.0, 1.0, 1.0, 0.0],
+        }
+    )
+    table = tok.response_table(rows)
+    # response 0: generated deltas -0.5 and 0.2 -> sum -0.3, min -0.5; response 1: 0.1
+    assert table["change (shown tokens)"].tolist() == pytest.approx([-0.3, 0.1])
+    assert table["most negative change"].tolist() == pytest.approx([-0.5, 0.1])
+    assert table["generated shown"].tolist() == [2, 1]
+    no_delta = tok.response_table(rows.drop(columns=[C.TOK_DELTA]))
+    assert no_delta["change (shown tokens)"].isna().all()  # NaN, not an error
+
+
 def test_column_store_appends_without_losing_rows() -> None:
     store = sources.ColumnStore()
     store.append(pd.DataFrame({C.STEP: [0, 1], C.REWARD_MEAN: [0.1, 0.2]}))
