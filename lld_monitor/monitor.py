@@ -254,6 +254,7 @@ class LLDMonitor:
         self._phase: str | None = None
         self._lock = threading.RLock()
         self._pending_events: list[dict[str, Any]] = []
+        self._token_pool: Any | None = None  # one background thread writes token samples
         self.reuse_warning: str | None = None  # set by an adapter when LLDS can never act
         self.last_local_sums: torch.Tensor | None = None  # strict mode: see sum_layout()
 
@@ -860,8 +861,7 @@ class LLDMonitor:
             self.writer.log_step(row)
             self.rows_written += 1
             if self._tokens:
-                with self.guard("log_tokens"):
-                    self.writer.log_tokens(self._tokens, step)
+                self._write_tokens(self._tokens, step)
             for sink in self.sinks:
                 fn = getattr(sink, "log_step", None)
                 if fn is not None:
@@ -870,6 +870,23 @@ class LLDMonitor:
         self._tokens = []
         self._detect(row, step)
         return row
+
+    def _write_tokens(self, rows: list[dict[str, Any]], step: int) -> None:
+        """Token samples to Parquet off the training thread (in strict mode: inline, raising)."""
+        if self.strict:
+            self.writer.log_tokens(rows, step)
+            return
+        if self._token_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._token_pool = ThreadPoolExecutor(1, thread_name_prefix="lld_monitor_tokens")
+        writer = self.writer
+
+        def write() -> None:
+            with self.guard("log_tokens"):
+                writer.log_tokens(rows, step)
+
+        self._token_pool.submit(write)
 
     # -- detector and actions -------------------------------------------------------------------
 
@@ -951,6 +968,8 @@ class LLDMonitor:
                 with self.guard(f"sink {type(sink).__name__}.close"):
                     fn()
         if self.writer is not None:
+            if self._token_pool is not None:
+                self._token_pool.shutdown(wait=True)  # pending token files first
             with self.guard("run log close"):
                 self.writer.close(error=error)
 
