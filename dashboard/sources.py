@@ -126,7 +126,11 @@ def build_scope(paths: Sequence[Path]) -> Scope:
             resolved.append(Path(p).resolve(strict=True))
         except (OSError, RuntimeError):
             problems.append(f"{p}: no such file or folder")
-    if len(resolved) == 1 and resolved[0].is_dir() and not runlog.is_run_dir(resolved[0]):
+
+    def looks_like_run(p: Path) -> bool:  # incl. a half-written run: its reader says what is wrong
+        return runlog.is_run_dir(p) or (p / runlog.META_FILE).is_file()
+
+    if len(resolved) == 1 and resolved[0].is_dir() and not looks_like_run(resolved[0]):
         root = resolved[0]
         targets, found_problems = discover(root)
         return Scope((root,), tuple(targets), True, tuple(problems + found_problems))
@@ -137,7 +141,7 @@ def build_scope(paths: Sequence[Path]) -> Scope:
         if name in seen:  # two runs with the same folder name: use parent/name
             name = f"{p.parent.name}/{p.name}"
         seen.add(name)
-        kind = "run" if runlog.is_run_dir(p) else "foreign"
+        kind = "run" if p.is_dir() and looks_like_run(p) else "foreign"
         targets.append(Target(name, p, kind))
     return Scope(tuple(resolved), tuple(targets), False, tuple(problems))
 
@@ -184,7 +188,10 @@ _SNIFF_CACHE: dict[tuple[str, float, int], str | None] = {}
 
 
 def sniff_format(path: Path) -> str | None:
-    """The importers' format name for ``path``, or None when it is not a log they read."""
+    """The importers' format name for ``path`` when ``load_table`` reads rows from it, else None.
+
+    Cached by (path, mtime, size): a log is imported again only when it changed.
+    """
     from lld_monitor import importers
 
     try:
@@ -196,8 +203,11 @@ def sniff_format(path: Path) -> str | None:
     key = (str(path), st.st_mtime, st.st_size)
     if key not in _SNIFF_CACHE:
         try:
-            _SNIFF_CACHE[key] = importers.detect_format(path)
-        except ValueError:  # importers.ImportFormatError: not a log of a known format
+            fmt = importers.detect_format(path)
+            if fmt != "lld_run":
+                importers.load_table(path)  # listed only if it yields training rows
+            _SNIFF_CACHE[key] = fmt
+        except (ValueError, OSError):  # importers.ImportFormatError: not a log it reads
             _SNIFF_CACHE[key] = None
     return _SNIFF_CACHE[key]
 

@@ -254,7 +254,7 @@ def test_partial_folder_named_as_run(tmp_path: Path, monkeypatch: pytest.MonkeyP
     at = make_app(monkeypatch, partial).run()
     assert not at.exception
     assert len(at.error) == 1
-    assert "partial" in at.error[0].value
+    assert "partial" in at.error[0].value and "missing steps\\.jsonl" in at.error[0].value
 
 
 def test_foreign_log_is_listed_and_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -269,6 +269,8 @@ def test_foreign_log_is_listed_and_shown(tmp_path: Path, monkeypatch: pytest.Mon
     (tmp_path / "trl").mkdir()
     (tmp_path / "trl" / "trainer_state.json").write_text(json.dumps(state))
     (tmp_path / "notes.txt").write_text("just some notes, not a log\n")
+    # JSONL the importers recognise but that holds no training rows: not listed
+    (tmp_path / "manifest.jsonl").write_text('{"step": 1, "name": "a"}\n{"step": 2, "name": "b"}\n')
     at = make_app(monkeypatch, tmp_path).run()
     assert not at.exception
     assert at.multiselect[0].options == ["trl/trainer_state.json"]
