@@ -240,6 +240,10 @@ def render_drilldown(runs: list[sources.LiveRun]) -> None:
     st.dataframe(responses, hide_index=True, width="stretch")
     scale = tok.delta_scale(table)
     st.html(tok.legend_html(scale))
+    st.caption(
+        "The run log keeps a bounded sample of tokens per step (for example the most displaced "
+        "ones); '…' marks positions that were not sampled. Hover a token for its numbers."
+    )
     for response in responses[C.TOK_RESPONSE].tolist()[:DRILL_MAX_RESPONSES]:
         rows = table[table[C.TOK_RESPONSE] == response]
         info = responses[responses[C.TOK_RESPONSE] == response].iloc[0]

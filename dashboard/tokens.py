@@ -21,6 +21,7 @@ ACTION_STYLE = (
     "display:inline-block;margin:0 2px 0 6px;padding:0 3px;border-left:3px solid #37474f;"
     "font-size:0.7em;color:#37474f;vertical-align:super;"
 )
+GAP_STYLE = "color:#90a4ae;padding:0 3px;"
 CONTAINER_STYLE = (
     "font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:0.9em;line-height:1.9;"
     "white-space:pre-wrap;word-break:break-word;"
@@ -133,9 +134,18 @@ def render_tokens_html(tokens: pd.DataFrame, scale: float | None = None) -> str:
     parts: list[str] = []
     last_action: object = None
     in_tool = False
+    next_pos = 0  # the position that would follow the last token shown
     for (_, row), is_gen in zip(tokens.iterrows(), generated.to_numpy()):
         text = escape(_token_text(row)).replace("\n", "↵\n")
         pos = row.get(C.TOK_POSITION)
+        if _is_number(pos):
+            if int(pos) > next_pos:  # positions the run log did not keep
+                skipped = int(pos) - next_pos
+                parts.append(
+                    f'<span class="lld-gap" style="{GAP_STYLE}" '
+                    f'title="{skipped} position(s) not sampled">…</span>'
+                )
+            next_pos = int(pos) + 1
         if not is_gen:
             if not in_tool:
                 parts.append(f'<span style="{ACTION_STYLE}" class="lld-tool-mark">tool</span>')
@@ -173,5 +183,6 @@ def legend_html(scale: float) -> str:
         f'<span style="background:{delta_color(scale, scale)};padding:0 4px;">rose</span> '
         f"(saturates at |change| = {scale:.2f} nats) · "
         f'<span style="{TOOL_STYLE}padding:0 4px;">tool feedback</span> · '
-        f'<span style="{ACTION_STYLE}">A0</span> action start</div>'
+        f'<span style="{ACTION_STYLE}">A0</span> action start · '
+        f'<span style="{GAP_STYLE}">…</span> positions not sampled</div>'
     )

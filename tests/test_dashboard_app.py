@@ -377,6 +377,11 @@ def test_token_colours_and_escaping() -> None:
     )
     html = tok.render_tokens_html(rows)
     assert html.index("&lt;b&gt;") < html.index("&quot;x&quot; &amp; y")  # sorted by position
+    assert "lld-gap" not in html  # positions 0, 1: nothing skipped
+    sparse = tok.render_tokens_html(rows.assign(**{C.TOK_POSITION: [5, 2]}))
+    # positions 2 and 5 shown: 0-1 skipped before, 3-4 between
+    assert sparse.count("lld-gap") == 2
+    assert 'title="2 position(s) not sampled"' in sparse
 
 
 def test_response_table_by_hand() -> None:
