@@ -310,7 +310,6 @@ class LiveRun:
     _reader: Any = None
     _run: Any = None
     _foreign_key: tuple[float, int] | None = None
-    _last_growth: float | None = None
     _analysis_rows: int = 0
     _analysis_time: float = 0.0
     _frame: pd.DataFrame | None = None
@@ -340,9 +339,6 @@ class LiveRun:
             self.error = f"unexpected {type(exc).__name__} while reading: {_one_line(exc)}"
             return 0
         self.error = None
-        if added:
-            self._frame = None
-            self._last_growth = self.clock()
         return added
 
     def _refresh_run(self) -> int:
@@ -368,6 +364,7 @@ class LiveRun:
             return 0
         steps = pd.to_numeric(new_steps[C.STEP], errors="coerce").to_numpy(dtype=float)
         in_order = bool(np.all(np.diff(steps) > 0)) and steps[0] > self._store.last_step
+        self._frame = None
         if in_order:
             self._store.append(new_steps)
         else:  # a rewritten or resumed step: the last row of a step wins, as in runlog.load_run
@@ -390,6 +387,7 @@ class LiveRun:
         }
         before = self._store.last_step
         self._store.replace(table)
+        self._frame = None
         steps = table[C.STEP].to_numpy(dtype=float) if C.STEP in table else np.array([])
         return int((steps > before).sum()) if len(self._store) else 0
 

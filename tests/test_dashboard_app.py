@@ -285,6 +285,11 @@ def test_foreign_log_is_listed_and_shown(tmp_path: Path, monkeypatch: pytest.Mon
     notes = [a["text"] for a in spec["layout"]["annotations"]]
     assert "not logged by the selected run(s)" in notes  # no LLD columns in a TRL log
     assert any("foreign logs carry none" in i.value for i in at.info)
+    # the trainer saves its state again with one more step: the dashboard re-imports it
+    state["log_history"].append({"step": 4, "reward": 0.5, "grad_norm": 2.5, "loss": 0.0})
+    (tmp_path / "trl" / "trainer_state.json").write_text(json.dumps(state))
+    at.run()
+    assert "4 rows, last step 4" in all_text(at)
 
 
 def test_garbage_file_named_as_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
