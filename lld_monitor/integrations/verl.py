@@ -86,9 +86,13 @@ def ensure_trl_compat() -> bool:
 
     if importlib.util.find_spec("trl") is None or TRL_COMPAT_MODULE in sys.modules:
         return False
+    import warnings
+
     for name in (TRL_COMPAT_MODULE, "trl"):
         try:
-            module = importlib.import_module(name)
+            with warnings.catch_warnings():  # trl warns on any trl.experimental import
+                warnings.simplefilter("ignore")
+                module = importlib.import_module(name)
             getattr(module, "AutoModelForCausalLMWithValueHead")  # noqa: B009 (lazy trl attrs)
             return False
         except (ImportError, AttributeError):
