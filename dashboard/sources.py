@@ -9,6 +9,8 @@ resolve inside it.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import functools
 import math
 import os
 import time
@@ -313,6 +315,7 @@ class LiveRun:
     _analysis_rows: int = 0
     _analysis_time: float = 0.0
     _frame: pd.DataFrame | None = None
+    _pending: concurrent.futures.Future | None = None
 
     @property
     def steps(self) -> pd.DataFrame:
@@ -416,11 +419,14 @@ class LiveRun:
     def ensure_analysis(self, *, force: bool = False, finished: bool = False) -> None:
         """Run ``analyze_run`` when missing, forced, much grown, old, or the run just finished.
 
-        Skipping most refreshes keeps a refresh's cost independent of the run's length; the
-        run's own event log (alerts and phases the live monitor wrote) covers the rows since.
+        The first analysis runs at once (the first render is complete); later ones run in a
+        background thread and are picked up by a later refresh, so no refresh waits for an
+        O(run length) analysis. Between analyses the run's own event log (alerts and phases
+        the live monitor wrote) covers the new rows.
         """
+        self._collect_analysis()
         n = self.n_rows
-        if n == 0:
+        if n == 0 or self._pending is not None:
             return
         grown = n >= self._analysis_rows * REANALYZE_GROWTH
         old = n > self._analysis_rows and self.clock() - self._analysis_time > REANALYZE_AFTER_S
@@ -428,10 +434,32 @@ class LiveRun:
         first = self._analysis_time == 0.0
         if not (force or first or grown or old or done):
             return
-        try:
-            from lld_monitor.analysis import analyze_run
+        self._analysis_rows = n
+        self._analysis_time = self.clock()
+        if first:
+            self._take_analysis(_analyze, self.steps)
+        else:  # rows are only ever appended past the view, so the frame is safe to share
+            self._pending = _analysis_executor().submit(_analyze, self.steps)
 
-            self.analysis = analyze_run(self.steps)
+    @property
+    def analysis_pending(self) -> bool:
+        """True while a background analysis is running."""
+        return self._pending is not None and not self._pending.done()
+
+    def wait_analysis(self, timeout: float | None = None) -> None:
+        """Block until a background analysis is done and take its result (tests, benchmarks)."""
+        if self._pending is not None:
+            concurrent.futures.wait([self._pending], timeout=timeout)
+        self._collect_analysis()
+
+    def _collect_analysis(self) -> None:
+        if self._pending is not None and self._pending.done():
+            future, self._pending = self._pending, None
+            self._take_analysis(future.result)
+
+    def _take_analysis(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            self.analysis = fn(*args)
             self.analysis_error = None
         except ImportError as exc:
             self.analysis_error = f"the analyzer is not available ({_one_line(exc)})"
@@ -439,8 +467,6 @@ class LiveRun:
             self.analysis_error = f"analysis failed: {_one_line(exc)}"
         except Exception as exc:  # an analyzer bug: shown in the header, the charts still draw
             self.analysis_error = f"analysis failed ({type(exc).__name__}): {_one_line(exc)}"
-        self._analysis_rows = n
-        self._analysis_time = self.clock()
 
     # --- what to draw ----------------------------------------------------------------------
 
@@ -507,6 +533,8 @@ class LiveRun:
             phase, phase_source = live_phases[-1]["kind"], "run log"
         if self.analysis_error:
             phase_source = self.analysis_error
+        elif self.analysis_pending:
+            phase_source += " (updating)"
         alerts = [m for m in self.markers() if m.type == "alert"]
         last_alert = "none"
         if alerts:
@@ -555,6 +583,19 @@ class LiveRun:
         if self._run is None:
             return pd.DataFrame(columns=list(C.TOKEN_COLUMNS))
         return self._run.tokens(step)
+
+
+def _analyze(steps: pd.DataFrame) -> Any:
+    """``analysis.analyze_run`` on a step table (imported here: the analyzer may be absent)."""
+    from lld_monitor.analysis import analyze_run
+
+    return analyze_run(steps)
+
+
+@functools.cache
+def _analysis_executor() -> concurrent.futures.ThreadPoolExecutor:
+    """One background thread for re-analyses, shared by every session of the server."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lld-analysis")
 
 
 def _stat_key(path: Path) -> tuple[float, int]:

@@ -534,3 +534,31 @@ def test_app_arguments() -> None:
     args = sources.parse_app_args(["runs", "--refresh", "2", "--stale", "30"])
     assert args.paths == (Path("runs"),) and args.refresh_s == 2.0 and args.stale_s == 30.0
     assert sources.parse_app_args([]).paths == (Path.cwd(),)
+
+
+def test_reanalysis_runs_in_the_background(tmp_path: Path) -> None:
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.runlog import load_run
+
+    w = write_run(tmp_path / "run", 40, close=False)
+    live = sources.LiveRun(sources.Target("run", (tmp_path / "run").resolve(), "run"))
+    assert live.refresh() == 40
+    live.ensure_analysis()  # the first analysis is synchronous
+    assert live.analysis.phases[-1].end_step == 39 and not live.analysis_pending
+    for s in range(40, 45):  # +12.5%: below the 25% growth that triggers a new analysis
+        w.log_step(step_row(s))
+    assert live.refresh() == 5
+    live.ensure_analysis()
+    assert live._pending is None and live.analysis.phases[-1].end_step == 39
+    for s in range(45, 60):  # 60 rows >= 1.25 * 40
+        w.log_step(step_row(s))
+    live.refresh()
+    live.ensure_analysis()
+    assert live._pending is not None  # submitted, not waited for
+    live.wait_analysis(timeout=60)
+    expected = analyze_run(load_run(tmp_path / "run").steps)
+    assert [(p.phase, p.start_step, p.end_step) for p in live.analysis.phases] == [
+        (p.phase, p.start_step, p.end_step) for p in expected.phases
+    ]
+    assert live.analysis.phases[-1].end_step == 59
+    w.close()
