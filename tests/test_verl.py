@@ -275,6 +275,39 @@ def test_metric_reduction_matches_pooled_statistics():
     assert 0.0 <= out["lld/llds_frac_gated"] <= 1.0
 
 
+def test_metrics_reach_verls_file_logger_and_import_as_our_columns(tmp_path, monkeypatch):
+    # The whole name contract: loss dict -> verl's reduction -> verl's trainer prefix "actor/" ->
+    # verl's own file logger -> lld_monitor.importers.load_table -> canonical columns.
+    from verl.utils.py_functional import rename_dict
+    from verl.utils.tracking import Tracking
+
+    from lld_monitor.importers import load_table
+
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for _ in range(2):  # two steps
+        micro = []
+        for advs in ([1.0, -1.0], [0.5, -0.5, 1.0]):
+            b = len(advs)
+            old = -torch.rand(b, 5, generator=g) * 2
+            new = old + torch.randn(b, 5, generator=g) * 0.2
+            adv = torch.tensor(advs)[:, None].expand(b, 5).clone()
+            micro.append((old, new, adv, torch.ones(b, 5, dtype=torch.long)))
+        rows.append(rename_dict(reduce_like_verl([micro], actor_config()), "actor/"))
+    path = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
+    tracker = Tracking(project_name="p", experiment_name="e", default_backend=["file"])
+    for step, row in enumerate(rows, start=1):
+        assert "actor/lld/llds_loss" in row and "actor/pg_loss" not in row
+        tracker.log(row, step=step)
+    tracker.logger["file"].finish()
+    df = load_table(path)
+    assert list(df[C.STEP]) == [1, 2]
+    for column in (*C.LLD_COLUMNS, *C.LLDS_COLUMNS):
+        want = [row[f"actor/{lv.metric_name(column)}"] for row in rows]
+        assert list(df[column]) == pytest.approx(want, nan_ok=True), column
+
+
 def test_metric_without_global_batch_info_is_per_micro_batch():
     old, new, adv, mask = batch()
     _, m = call("llds", old, new, adv, mask, "token-mean", actor_config())

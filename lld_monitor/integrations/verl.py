@@ -308,9 +308,7 @@ def _response_advantage(advantages: torch.Tensor, mask: torch.Tensor) -> torch.T
     return (advantages * m).sum(1) / m.sum(1).clamp(min=1)  # [B]
 
 
-def _global_scale(
-    normalize: str, mask: torch.Tensor, config: Any
-) -> tuple[torch.Tensor | float, str]:
+def _global_scale(normalize: str, mask: torch.Tensor, config: Any) -> torch.Tensor | float:
     """Weight turning a micro-batch L_LLDS into its share of the mini-batch L_LLDS.
 
     verl sums the micro-batch losses of a mini-batch (no division) and FSDP averages the ranks, so
@@ -325,15 +323,15 @@ def _global_scale(
         if total is None:
             if dp_size > 1:
                 raise ValueError("global_batch_info['batch_num_tokens'] is needed when dp_size > 1")
-            return 1.0, "micro-batch"
+            return 1.0
         local = (mask != 0).sum().to(torch.float32)
-        return local / float(total) * dp_size, "global tokens"
+        return local / float(total) * dp_size
     total = info.get("global_batch_size")
     if total is None:
         if dp_size > 1:
             raise ValueError("global_batch_info['global_batch_size'] is needed when dp_size > 1")
-        return 1.0, "micro-batch"
-    return mask.shape[0] / float(total) * dp_size, "global rows"
+        return 1.0
+    return mask.shape[0] / float(total) * dp_size
 
 
 # --- metrics ------------------------------------------------------------------------------------
@@ -461,7 +459,7 @@ def compute_policy_loss_llds(
         answer_weight=beta,
         normalize=cfg.normalize,
     )
-    scale, _ = _global_scale(cfg.normalize, mask, config)
+    scale = _global_scale(cfg.normalize, mask, config)
     loss = pg_loss + cfg.lam * scale * out.loss
     metrics[metric_name(C.LLDS_LOSS)] = float(out.loss.detach())
     metrics[metric_name(C.LLDS_FRAC_GATED)] = float(out.frac_gated)
