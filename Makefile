@@ -6,7 +6,13 @@ PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench browser
+# verl 0.9.1 pins transformers<5.11 (and downgrades three more packages), so its tests run in a
+# second environment, .venv-verl, beside the main one (see docs/verl.md).
+VERL_VENV ?= .venv-verl
+VERL_PY   := $(VERL_VENV)/bin/python
+VERL_STAMP := $(VERL_VENV)/.installed
+
+.PHONY: venv verl-venv demo test test-core test-verl lint bench browser
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -17,6 +23,15 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+$(VERL_STAMP): pyproject.toml
+	test -x $(VERL_PY) || python3 -m venv $(VERL_VENV)
+	$(VERL_PY) -m pip install -q --upgrade pip
+	$(VERL_PY) -m pip install -q $(TORCH_SPEC)
+	$(VERL_PY) -m pip install -q -e '.[test,verl]' fastapi
+	touch $(VERL_STAMP)
+
+verl-venv: $(VERL_STAMP)
+
 demo: venv
 	HF_HUB_OFFLINE=1 $(VENV)/bin/lld-monitor demo
 
@@ -25,8 +40,14 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
 	  echo "chromium not installed: browser tests will be skipped"
 
-test: venv browser
+test: venv verl-venv browser
+	$(MAKE) --no-print-directory test-core test-verl
+
+test-core: venv browser
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q
+
+test-verl: verl-venv
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VERL_PY) -m pytest -q tests/test_verl.py
 
 lint: venv
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
