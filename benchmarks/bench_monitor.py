@@ -11,7 +11,7 @@ the steps after the first (warm-up) of every repeat:
 
 Targets: capture/none <= 1.03, probe/none <= 1.10, llds/probe <= 1.02.
 
-    python benchmarks/bench_monitor.py [--sizes 64x2,256x4] [--steps 10] [--repeats 3]
+    python benchmarks/bench_monitor.py [--sizes 128x2,512x6] [--steps 10] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ def run_once(
         seed=seed,
         steps_per_generation=2,
         max_completion_length=16,
+        # Every completion has the full length, so runs whose training differs (LLDS on) still
+        # generate the same number of tokens per step: the ratio then measures the monitor.
+        generation_kwargs={"min_new_tokens": 16},
         per_device_train_batch_size=8,
         num_generations=4,
         **device,
@@ -93,7 +96,7 @@ def run_once(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="LLD monitor overhead on GRPOTrainer")
-    p.add_argument("--sizes", default="64x2,256x4", help="hidden x layers, comma-separated")
+    p.add_argument("--sizes", default="128x2,512x6", help="hidden x layers, comma-separated")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
