@@ -31,6 +31,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 MARK_START, MARK_END = "<!-- table:start -->", "<!-- table:end -->"
 SPIRAL_START, SPIRAL_END = "<!-- spiral:start -->", "<!-- spiral:end -->"
+PROV_START, PROV_END = "<!-- provenance:start -->", "<!-- provenance:end -->"
 #: The paper's Qwen2.5-3B-Instruct timeline (PAPER.md): stagnation to ~60, decay to ~120,
 #: collapse by ~200. The simulated runs use it; they are generated, never trained.
 SIM_TIMELINE = {"stagnation_end": 60, "collapse_start": 120, "collapse_step": 190}
@@ -68,8 +69,10 @@ def make_real_runs(
                 raise SystemExit(f"{run_dir} exists; delete sample_runs/real first")
             setup = copy.copy(base)
             setup.model = copy.deepcopy(base.model)
+            setup.retriever = copy.deepcopy(base.retriever)  # same tool feedback stream: paired
             cmd = (
-                f"python scripts/make_sample_runs.py --seeds {seed} --modes {mode} --steps {steps}"
+                f"python scripts/make_sample_runs.py --skip-simulated --seeds {seed} "
+                f"--modes {mode} --steps {steps}"
             )
             t1 = time.time()
             res = monitored_run(
@@ -118,6 +121,8 @@ def make_simulated_runs(out: Path, seeds: list[int]) -> list[dict[str, Any]]:
                 + "".join(f", {k}={v}" for k, v in timeline.items())
                 + f"), 'sample_runs/simulated/{name}')\""
             )
+            if (out / "simulated" / name).exists():
+                raise SystemExit(f"{out / 'simulated' / name} exists: delete, or --skip-simulated")
             write_run(run, out / "simulated" / name, meta={"command": cmd})
             entries.append(
                 {
@@ -167,7 +172,9 @@ def spiral_configs(steps: int) -> dict[str, Any]:
     }
 
 
-def make_spiral_runs(out: Path, steps: int, names: list[str] | None, progress: bool) -> list:
+def make_spiral_runs(
+    out: Path, steps: int, names: list[str] | None, seeds: list[int], progress: bool
+) -> list:
     """Each spiral configuration as vanilla GRPO, with negative-advantage gradients zeroed
     (the ablation that tells LLD from generic instability), and with LLDS from the start."""
     from dataclasses import replace
@@ -175,9 +182,10 @@ def make_spiral_runs(out: Path, steps: int, names: list[str] | None, progress: b
     from lld_monitor.toy.train import build_setup, monitored_run
 
     entries = []
-    for cname, cfg in spiral_configs(steps).items():
+    for cname, cfg0, seed in [(n, c, sd) for n, c in spiral_configs(steps).items() for sd in seeds]:
         if names and cname not in names:
             continue
+        cfg = replace(cfg0, seed=seed)
         t0 = time.time()
         base = build_setup(cfg, progress=progress)
         sft_s = time.time() - t0
@@ -187,10 +195,14 @@ def make_spiral_runs(out: Path, steps: int, names: list[str] | None, progress: b
             ("no-neg-adv", replace(cfg, zero_negative_advantages=True), "off"),
             ("llds", cfg, "on"),
         ):
-            name = f"{cname}-{variant}"
+            name = f"{cname}-seed{seed}-{variant}"
             setup = copy.copy(base)
             setup.model = copy.deepcopy(base.model)
-            cmd = f"python scripts/make_sample_runs.py --spiral {cname} --spiral-steps {steps}"
+            setup.retriever = copy.deepcopy(base.retriever)  # same tool feedback stream: paired
+            cmd = (
+                f"python scripts/make_sample_runs.py --spiral {cname} --spiral-steps {steps} "
+                f"--seeds {seed}"
+            )
             t1 = time.time()
             res = monitored_run(
                 vcfg,
@@ -258,6 +270,27 @@ def spiral_rows(out: Path, entries: list[dict[str, Any]]) -> list[str]:
             f"| {_fmt(head[C.DELTA_CORRECT].mean(), 3)} / {_fmt(tail[C.DELTA_CORRECT].mean(), 3)} "
             f"| {alerts}; {collapse} |"
         )
+    return rows
+
+
+def provenance_rows(manifest: dict[str, Any]) -> list[str]:
+    """Per run: the exact command, seed and wall time; then the versions and the machine."""
+    rows = [
+        "| run | seed | warm start (s) | GRPO + eval (s) | command |",
+        "|---|---|---|---|---|",
+    ]
+    for e in manifest.get("runs", []) + manifest.get("spiral", []):
+        rows.append(
+            f"| {e['name']} | {e['seed']} | {e.get('warm_start_seconds', '-')} "
+            f"| {e.get('grpo_seconds', '-')} | `{e['command']}` |"
+        )
+    vers = ", ".join(f"{k} {v}" for k, v in manifest.get("versions", {}).items())
+    rows += [
+        "",
+        f"Versions: {vers}. Machine: {manifest.get('machine', '?')} (shared with other jobs, "
+        "so wall times are upper bounds). Warm-start time is shared by the runs of one seed "
+        "(one warm start, then paired GRPO runs from copies of it).",
+    ]
     return rows
 
 
@@ -350,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"runs": []}
     if args.spiral is not None and not args.table_only:
         t0 = time.time()
-        new = make_spiral_runs(out, args.spiral_steps, args.spiral, not args.quiet)
+        new = make_spiral_runs(out, args.spiral_steps, args.spiral, args.seeds, not args.quiet)
         names = {e["name"] for e in new}
         manifest["spiral"] = [e for e in manifest.get("spiral", []) if e["name"] not in names] + new
         manifest["spiral_wall_seconds"] = round(time.time() - t0, 1)
@@ -380,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         write_block(out, table_rows(out, runs), MARK_START, MARK_END)
     if manifest.get("spiral"):
         write_block(out, spiral_rows(out, manifest["spiral"]), SPIRAL_START, SPIRAL_END)
+    write_block(out, provenance_rows(manifest), PROV_START, PROV_END)
     print(f"wrote {out / 'README.md'} tables ({len(runs)} runs)")
     return 0
 
