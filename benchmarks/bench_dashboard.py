@@ -56,26 +56,35 @@ def append_rows(writer, first_step: int, n: int) -> None:
         writer.log_step({C.STEP: s, C.REWARD_MEAN: 0.0, C.GRAD_NORM: 1.0, C.ENTROPY: 1.0})
 
 
-def bench_apptest(root: Path, writer, n_steps: int, refreshes: int) -> dict[str, float]:
-    """First render and refresh times (s) of the app on ``root`` through AppTest."""
-    from streamlit.testing.v1 import AppTest
+class AppUnderTest:
+    """The app on one run's ROOT through AppTest, with the run's writer left open."""
 
-    sys.argv = [str(APP), str(root)]
-    at = AppTest.from_file(str(APP), default_timeout=900)
-    t0 = time.perf_counter()
-    at.run()
-    first = time.perf_counter() - t0
-    _check(at, n_steps)
-    times = []
-    last = n_steps
-    for _ in range(refreshes):
-        append_rows(writer, last, NEW_ROWS)
-        last += NEW_ROWS
+    def __init__(self, root: Path, writer, n_steps: int) -> None:
+        from streamlit.testing.v1 import AppTest
+
+        self.argv = [str(APP), str(root)]  # the app reads sys.argv on every run
+        self.at = AppTest.from_file(str(APP), default_timeout=900)
+        self.writer = writer
+        self.rows = n_steps
+
+    def first_render(self) -> float:
+        sys.argv = self.argv
         t0 = time.perf_counter()
-        at.run()
-        times.append(time.perf_counter() - t0)
-        _check(at, last)
-    return {"first": first, "refresh": statistics.median(times), "refresh_max": max(times)}
+        self.at.run()
+        elapsed = time.perf_counter() - t0
+        _check(self.at, self.rows)
+        return elapsed
+
+    def refresh(self) -> float:
+        """Append ``NEW_ROWS`` rows to the run log, then time one rerun."""
+        append_rows(self.writer, self.rows, NEW_ROWS)
+        self.rows += NEW_ROWS
+        sys.argv = self.argv
+        t0 = time.perf_counter()
+        self.at.run()
+        elapsed = time.perf_counter() - t0
+        _check(self.at, self.rows)
+        return elapsed
 
 
 def _check(at, n_rows: int) -> None:
@@ -121,7 +130,7 @@ def bench_browser(root: Path, n_steps: int) -> float | None:
             page = browser.new_page(viewport={"width": 1400, "height": 1800})
             t0 = time.perf_counter()
             page.goto(url)
-            page.get_by_text(f"{n_steps} rows").wait_for(timeout=600_000)
+            page.get_by_text(f"{n_steps} rows, last step").wait_for(timeout=600_000)
             page.wait_for_function(
                 "() => { const g = document.querySelector('.js-plotly-plot');"
                 " return g && g._fullData && g._fullData.length > 0; }",
@@ -138,7 +147,7 @@ def bench_browser(root: Path, n_steps: int) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, nargs="+", default=[10_000, 100_000])
-    p.add_argument("--refreshes", type=int, default=3, help="refreshes timed per size (median)")
+    p.add_argument("--refreshes", type=int, default=9, help="refreshes timed per size (median)")
     p.add_argument("--browser", action="store_true", help="also time headless Chromium")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -147,31 +156,45 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[int, dict[str, float]] = {}
     tmp = Path(tempfile.mkdtemp(prefix="bench_dashboard_"))
+    writers = []
     try:
+        # warm-up on a small run, not reported: imports and first-use costs of the process
+        warm = write_long_run(tmp / "warm" / "sim", 200)
+        writers.append(warm)
+        AppUnderTest(tmp / "warm", warm, 200).first_render()
+        apps: dict[int, AppUnderTest] = {}
         for n in args.steps:
             root = tmp / f"root{n}"
-            run = root / f"sim{n}"
             t0 = time.perf_counter()
-            writer = write_long_run(run, n)
+            writer = write_long_run(root / f"sim{n}", n)
+            writers.append(writer)
             print(f"[{n} steps] wrote the run in {time.perf_counter() - t0:.1f} s", flush=True)
-            try:
-                r = bench_apptest(root, writer, n, args.refreshes)
-                if args.browser:
-                    b = bench_browser(root, n + NEW_ROWS * args.refreshes)
-                    if b is not None:
-                        r["browser_first"] = b
-            finally:
-                writer.close()
-            results[n] = r
+            apps[n] = AppUnderTest(root, writer, n)
+            results[n] = {"first": apps[n].first_render()}
+        # refreshes interleaved across sizes, so that every size sees the same machine load
+        times: dict[int, list[float]] = {n: [] for n in apps}
+        for _ in range(args.refreshes):
+            for n, app in apps.items():
+                times[n].append(app.refresh())
+        for n, app in apps.items():
+            r = results[n]
+            r["refresh"] = statistics.median(times[n])
+            r["refresh_max"] = max(times[n])
+            if args.browser:
+                b = bench_browser(tmp / f"root{n}", app.rows)
+                if b is not None:
+                    r["browser_first"] = b
             line = (
                 f"[{n} steps] first complete render {r['first']:.2f} s; refresh after "
                 f"{NEW_ROWS} new rows: median {r['refresh'] * 1000:.0f} ms "
-                f"(max {r['refresh_max'] * 1000:.0f} ms)"
+                f"(max {r['refresh_max'] * 1000:.0f} ms, {args.refreshes} refreshes)"
             )
             if "browser_first" in r:
                 line += f"; Chromium first render {r['browser_first']:.2f} s"
             print(line, flush=True)
     finally:
+        for w in writers:
+            w.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
     sizes = sorted(results)
