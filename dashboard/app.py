@@ -267,6 +267,8 @@ def _num(value: object) -> str:
 def main_view(args: sources.AppArgs, settings: dict[str, object]) -> None:
     """Everything below the sidebar; re-run every few seconds while live refresh is on."""
     scope = get_scope(args)
+    if scope.root_mode:
+        st.caption(f"Runs under {md(scope.roots[0])} (rescanned every {RESCAN_S:.0f} s)")
     for problem in scope.problems:
         st.warning(md(problem))
     if not scope.targets:
