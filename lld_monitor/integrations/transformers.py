@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -54,27 +56,27 @@ class _Callback(TrainerCallback):
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not self.active:
             return
-        with self.adapter.monitor.guard("on_optimizer_step"):
+        with self.adapter.hook("on_optimizer_step"):
             self.adapter.on_optimizer_step()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if not self.active:
             return control
-        with self.adapter.monitor.guard("on_step_end"):
+        with self.adapter.hook("on_step_end"):
             self.adapter.on_step_end(state, control)
         return self.adapter.apply_control(control)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> Any:
         if not self.active:
             return control
-        with self.adapter.monitor.guard("on_log"):
+        with self.adapter.hook("on_log"):
             self.adapter.on_log(state, control, logs or {})
         return self.adapter.apply_control(control)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not self.active:
             return
-        with self.adapter.monitor.guard("on_train_end"):
+        with self.adapter.hook("on_train_end"):
             self.adapter.on_train_end(state)
 
 
@@ -98,6 +100,17 @@ class TrainerAdapter:
         self._lr: float | None = None
         self._pending: int | None = None  # step whose row waits for on_log
         self._installed = False
+        self.hook_seconds = 0.0  # wall time spent in the monitor's hooks (overhead, benchmarks)
+
+    @contextmanager
+    def hook(self, name: str) -> Iterator[None]:
+        """A top-level hook: the monitor's failure policy, and its time added to hook_seconds."""
+        t0 = time.perf_counter()
+        try:
+            with self.monitor.guard(name):
+                yield
+        finally:
+            self.hook_seconds += time.perf_counter() - t0
 
     # -- install ------------------------------------------------------------------------------
 
@@ -144,7 +157,7 @@ class TrainerAdapter:
     def _training_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def training_step(model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
             out = original(model, inputs, num_items_in_batch)
-            with self.monitor.guard("training_step"):
+            with self.hook("training_step"):
                 if isinstance(out, torch.Tensor) and self.trainer.model.training:
                     loss = out.detach().float()
                     self._loss = loss if self._loss is None else self._loss + loss
@@ -155,7 +168,7 @@ class TrainerAdapter:
     def _get_grad_norm(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def _get_grad_norm(model: Any, grad_norm: Any = None) -> Any:
             out = original(model, grad_norm=grad_norm)
-            with self.monitor.guard("grad norm"):
+            with self.hook("grad norm"):
                 self.monitor.observe_update(grad_norm=out, loss=self._loss)
                 self._loss = None
             return out

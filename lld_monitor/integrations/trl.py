@@ -218,7 +218,7 @@ class GRPOAdapter(TrainerAdapter):
             self._rpf = None
             out = original(inputs)
             if self.trainer.model.training and not self.monitor.closed:
-                with self.monitor.guard("generation"):
+                with self.hook("generation"):
                     self._tag_generation(out, len(inputs))
             return out
 
@@ -263,7 +263,7 @@ class GRPOAdapter(TrainerAdapter):
                 loss = original(model, inputs)
             finally:
                 captured, self._capture = self._capture, None
-            with self.monitor.guard("GRPO loss hook"):
+            with self.hook("GRPO loss hook"):
                 loss = self._after_loss(inputs, captured, loss)
             return loss
 
