@@ -348,8 +348,8 @@ class LiveRun:
         if self._reader is None:
             self._reader = runlog.RunReader(self.target.path)
             self.meta = dict(self._reader.meta)
-            # tokens and file times through the public Run API, without re-reading the steps
-            self._run = runlog.Run(self.target.path, self.meta, pd.DataFrame(), pd.DataFrame())
+            # tokens and file times come from the reader too: no re-read of the steps
+            self._run = self._reader
         new_steps = self._reader.read_steps()
         new_events = self._reader.read_events()
         if len(new_events):

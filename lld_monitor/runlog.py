@@ -784,6 +784,19 @@ class RunReader:
         self.skipped_lines[STEPS_FILE] += skipped
         return frame.reset_index(drop=True)
 
+    @property
+    def last_modified(self) -> float:
+        """UNIX time of the last write to the step log (tells a live run from a stale one)."""
+        return (self.path / STEPS_FILE).stat().st_mtime
+
+    def tokens(self, step: int | None = None) -> pd.DataFrame:
+        """Token samples (columns.TOKEN_COLUMNS), all of them or those of one ``step``."""
+        return _read_tokens(self.path, step)
+
+    def token_steps(self) -> list[int]:
+        """Steps that have token samples, ascending."""
+        return sorted({s for s, _ in _token_files(self.path)})
+
     def read_events(self) -> pd.DataFrame:
         """Events appended since the last call, in write order."""
         data, offset = self._read_new(EVENTS_FILE)

@@ -472,3 +472,19 @@ def test_reader_rereads_a_replaced_file_with_a_warning(tmp_path: Path) -> None:
     (path / STEPS_FILE).write_bytes(data[: data.index(b"\n") + 1])  # a new, shorter file
     with pytest.warns(RuntimeWarning, match="was replaced"):
         assert reader.read_steps()[C.STEP].tolist() == [0]
+
+
+def test_reader_gives_tokens_and_times_without_loading_steps(tmp_path):
+    # two token batches (steps 3 and 5) and one step row: the reader sees exactly those
+    from lld_monitor import columns as C
+    from lld_monitor.runlog import RunReader, RunWriter
+
+    with RunWriter(tmp_path / "r") as w:
+        w.log_step({C.STEP: 3})
+        w.log_tokens([{C.TOK_RESPONSE: 0, C.TOK_POSITION: 1, C.TOK_DELTA: -0.5}], step=3)
+        w.log_tokens([{C.TOK_RESPONSE: 1, C.TOK_POSITION: 2, C.TOK_DELTA: 0.25}], step=5)
+    reader = RunReader(tmp_path / "r")
+    assert reader.token_steps() == [3, 5]
+    assert reader.tokens(5)[C.TOK_DELTA].tolist() == [0.25]
+    assert len(reader.tokens()) == 2
+    assert reader.last_modified == (tmp_path / "r" / "steps.jsonl").stat().st_mtime
