@@ -124,6 +124,9 @@ TOK_DELTA = "delta"  # logp_new - logp_old (NaN on tool feedback)
 TOK_REWARD = "reward"
 TOK_ADVANTAGE = "advantage"
 TOK_CORRECT = "correct"
+# which sample the row belongs to: "response" (every completion position of a sampled response)
+# or "top_token" (one of the step's most displaced tokens, outside the sampled responses)
+TOK_SAMPLE = "sample"
 TOKEN_COLUMNS: tuple[str, ...] = (
     TOK_STEP,
     TOK_RESPONSE,
@@ -137,6 +140,7 @@ TOKEN_COLUMNS: tuple[str, ...] = (
     TOK_REWARD,
     TOK_ADVANTAGE,
     TOK_CORRECT,
+    TOK_SAMPLE,
 )
 
 PHASES: tuple[str, ...] = ("healthy", "stagnation", "decay", "collapse", "unknown")

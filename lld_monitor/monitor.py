@@ -182,6 +182,23 @@ class ProbeRecord:
     correct: torch.Tensor  # [B] bool
     delta: torch.Tensor  # [B] summed logp_new - logp_old over generated tokens
     rows: torch.Tensor | None = None  # [B] indices of the probed rows in the adapter's batch
+    completion_mask: torch.Tensor | None = None  # [B, L] every completion position (0 = padding)
+
+
+#: Values of the token-sample column ``C.TOK_SAMPLE``.
+SAMPLE_RESPONSE = "response"  # a position of a whole sampled response (every completion position)
+SAMPLE_TOP_TOKEN = "top_token"  # one of the step's most displaced tokens, outside those responses
+
+
+@dataclass(frozen=True)
+class _TokenSource:
+    """One post-update measurement kept (rank 0) until ``end_step`` builds the step's samples."""
+
+    record: ProbeRecord
+    rewards: torch.Tensor | None  # [B]
+    advantages: torch.Tensor | None  # [B]
+    tokenizer: Any | None
+    offset: int  # response index of the record's row 0 among the step's probed responses
 
 
 class LLDMonitor:
@@ -206,6 +223,7 @@ class LLDMonitor:
         stop_on_collapse: bool = False,
         checkpoint_on_collapse: bool = False,
         token_samples_per_step: int = 4,
+        response_samples_per_step: int = 4,
         strict: bool = False,
         meta: Mapping[str, Any] | None = None,
     ) -> None:
@@ -216,6 +234,11 @@ class LLDMonitor:
             )
         if token_samples_per_step < 0:
             raise ValueError(f"token_samples_per_step must be >= 0, got {token_samples_per_step}")
+        if response_samples_per_step < 0:
+            raise ValueError(
+                f"response_samples_per_step must be >= 0 (0 = no whole responses), "
+                f"got {response_samples_per_step}"
+            )
         from lld_monitor.llds import LLDSConfig
 
         if llds is not None and not isinstance(llds, LLDSConfig):
@@ -229,6 +252,7 @@ class LLDMonitor:
         self.stop_on_collapse = bool(stop_on_collapse)
         self.checkpoint_on_collapse = bool(checkpoint_on_collapse)
         self.token_samples_per_step = int(token_samples_per_step)
+        self.response_samples_per_step = int(response_samples_per_step)
         self.strict = bool(strict)
         self.meta: dict[str, Any] = dict(meta or {})
         self._llds_given = llds is not None
@@ -248,7 +272,8 @@ class LLDMonitor:
         self.should_save = False  # set by checkpoint_on_collapse; reset by the adapter
         self.closed = False
         self._acc = _Acc()
-        self._tokens: list[dict[str, Any]] = []
+        self._token_sources: list[_TokenSource] = []  # this step's probes (rank 0, sampling on)
+        self._probed_in_step = 0  # responses probed so far this step (offset of the next probe)
         self._last_rollout: dict[str, Any] | None = None
         self._errors_seen: set[str] = set()
         self._phase: str | None = None
@@ -338,6 +363,7 @@ class LLDMonitor:
             "stop_on_collapse": self.stop_on_collapse,
             "checkpoint_on_collapse": self.checkpoint_on_collapse,
             "token_samples_per_step": self.token_samples_per_step,
+            "response_samples_per_step": self.response_samples_per_step,
             "detector": type(self.detector).__name__ if self.detector is not None else None,
             "llds": {
                 "enabled": cfg.enabled,
@@ -475,16 +501,26 @@ class LLDMonitor:
         entropy: torch.Tensor | None = None,
         num_searches: torch.Tensor | None = None,
         kl: torch.Tensor | None = None,
+        completion_mask: torch.Tensor | None = None,
     ) -> None:
         """Record a batch under the sampling policy; ``logp_old``, ``mask``, ``entropy`` are [B, L].
 
         ``mask`` is 1 on generated tokens only (tool feedback and padding 0). Confidence, reward,
         entropy and length columns of the current step come from here; the batch is kept for
-        :meth:`observe_post_update`.
+        :meth:`observe_post_update`. ``completion_mask`` [B, L] (1 on every completion position,
+        tool feedback included; 0 on padding) lets the token samples show tool feedback.
         """
         with self.guard("observe_rollout"):
             self._observe_rollout(
-                logp_old, mask, rewards, advantages, token_ids, entropy, num_searches, kl
+                logp_old,
+                mask,
+                rewards,
+                advantages,
+                token_ids,
+                entropy,
+                num_searches,
+                kl,
+                completion_mask,
             )
 
     def _observe_rollout(
@@ -497,6 +533,7 @@ class LLDMonitor:
         entropy: torch.Tensor | None,
         num_searches: torch.Tensor | None,
         kl: torch.Tensor | None = None,
+        completion_mask: torch.Tensor | None = None,
     ) -> None:
         from lld_monitor.metrics import displacement_sums
 
@@ -504,6 +541,11 @@ class LLDMonitor:
             raise ValueError(
                 f"logp_old and mask must both be [B, L], got {tuple(logp_old.shape)} and "
                 f"{tuple(mask.shape)}"
+            )
+        if completion_mask is not None and completion_mask.shape != mask.shape:
+            raise ValueError(
+                f"completion_mask must be [B, L] like mask {tuple(mask.shape)}, got "
+                f"{tuple(completion_mask.shape)} (1 on every completion position, 0 on padding)"
             )
         logp_old = logp_old.detach()
         batch, device = logp_old.shape[0], logp_old.device
@@ -547,6 +589,7 @@ class LLDMonitor:
             "advantages": advantages,
             "token_ids": token_ids,
             "correct": correct,
+            "completion_mask": None if completion_mask is None else completion_mask.to(device),
         }
 
     def observe_reward_fn(self, name: str, rewards: torch.Tensor) -> None:
@@ -617,12 +660,12 @@ class LLDMonitor:
         *,
         rows: torch.Tensor | None = None,
         tokenizer: Any | None = None,
-        generated: torch.Tensor | None = None,
     ) -> None:
         """Measure displacement of the last observed rollout under the updated policy.
 
         ``logp_new`` [B', L] are the same completions' log-probs after the batch's last update, for
-        all rows of the rollout or for the subset ``rows`` [B'] (a probe sample).
+        all rows of the rollout or for the subset ``rows`` [B'] (a probe sample). ``tokenizer``
+        decodes the token samples' text.
         """
         with self.guard("observe_post_update"):
             if self._last_rollout is None:
@@ -642,7 +685,7 @@ class LLDMonitor:
                 advantages=pick(ro["advantages"]),
                 rows=rows,
                 tokenizer=tokenizer,
-                generated=generated,
+                completion_mask=pick(ro["completion_mask"]),
             )
 
     def measure_displacement(
@@ -657,9 +700,13 @@ class LLDMonitor:
         advantages: torch.Tensor | None = None,
         rows: torch.Tensor | None = None,
         tokenizer: Any | None = None,
-        generated: torch.Tensor | None = None,
+        completion_mask: torch.Tensor | None = None,
     ) -> ProbeRecord:
-        """Fold one post-update measurement ([B, L] tensors, ``correct`` [B]) into this step."""
+        """Fold one post-update measurement ([B, L] tensors, ``correct`` [B]) into this step.
+
+        ``mask`` marks generated tokens; ``completion_mask`` [B, L] every completion position
+        (tool feedback included, padding 0; default ``mask``), for the whole-response samples.
+        """
         from lld_monitor.metrics import displacement_sums
 
         logp_new = logp_new.detach().to(logp_old.device)
@@ -668,50 +715,195 @@ class LLDMonitor:
                 f"logp_new {tuple(logp_new.shape)} must match the rollout's logp_old "
                 f"{tuple(logp_old.shape)} (same rows, same token positions)"
             )
+        if completion_mask is not None and completion_mask.shape != logp_old.shape:
+            raise ValueError(
+                f"completion_mask {tuple(completion_mask.shape)} must match logp_old "
+                f"{tuple(logp_old.shape)} (1 on every completion position, 0 on padding)"
+            )
         sums = displacement_sums(logp_old, logp_new, mask, correct)
         acc = self._acc
         acc.disp = sums if acc.disp is None else acc.disp + sums
         acc.add("n_probe", 1.0)
         maskf = mask.to(logp_old.dtype)
         delta = ((logp_new - logp_old) * maskf).sum(-1)  # [B]
-        record = ProbeRecord(self.step, token_ids, mask, logp_old, logp_new, correct, delta, rows)
+        record = ProbeRecord(
+            self.step,
+            token_ids,
+            mask,
+            logp_old,
+            logp_new,
+            correct,
+            delta,
+            rows,
+            None if completion_mask is None else completion_mask.to(logp_old.device),
+        )
         self.last_probe = record
-        if self.token_samples_per_step > 0 and self.rank == 0:
-            self._tokens.extend(self._token_rows(record, rewards, advantages, tokenizer, generated))
+        sampling = self.token_samples_per_step > 0 or self.response_samples_per_step > 0
+        if sampling and self.rank == 0:
+            adv = advantages
+            if adv is not None and adv.dim() == 2:
+                adv = adv[:, 0]
+            self._token_sources.append(
+                _TokenSource(record, rewards, adv, tokenizer, self._probed_in_step)
+            )
+        self._probed_in_step += int(logp_old.shape[0])
         return record
 
-    def _token_rows(
-        self,
-        rec: ProbeRecord,
-        rewards: torch.Tensor | None,
-        advantages: torch.Tensor | None,
-        tokenizer: Any | None,
-        generated: torch.Tensor | None,
-    ) -> list[dict[str, Any]]:
-        from lld_monitor.metrics import top_displaced_tokens
+    def token_sample_rows(self, sources: Sequence[_TokenSource] | None = None) -> list[dict]:
+        """The step's token samples: whole responses, then the most displaced other tokens.
 
-        adv = advantages
-        if adv is not None and adv.dim() == 2:
-            adv = adv[:, 0]
-        rows = top_displaced_tokens(
-            rec.logp_old,
-            rec.logp_new,
-            rec.mask,
-            self.token_samples_per_step,
-            correct=rec.correct,
-            token_ids=rec.token_ids,
-            rewards=rewards,
-            advantages=adv,
-            only_correct=bool(rec.correct.any()),  # no correct response: the most displaced overall
-        )
-        for row in rows:
-            b, pos = row[C.TOK_RESPONSE], row[C.TOK_POSITION]
-            tid = row.get(C.TOK_TOKEN_ID, -1)
-            row[C.TOK_TEXT] = tokenizer.decode([tid]) if tokenizer is not None and tid >= 0 else ""
-            if generated is not None:
-                row[C.TOK_GENERATED] = int(generated[b, pos])
-            row[C.TOK_CORRECT] = int(row.get(C.TOK_CORRECT, False))
+        Picks ``response_samples_per_step`` responses (correct ones first, each group by summed
+        change ascending, ties by index) and logs every completion position of each; adds the
+        ``token_samples_per_step`` most displaced generated tokens of the step that are not in
+        those responses. One row per (response, position); text decoded in one tokenizer call.
+        """
+        from lld_monitor.metrics import action_ids, top_displaced_tokens
+
+        sources = list(self._token_sources if sources is None else sources)
+        if not sources:
+            return []
+        # Host copies of the per-response keys: [B] summed change, correct, has positions.
+        keys = []
+        for s in sources:
+            rec = s.record
+            pos = rec.mask != 0 if rec.completion_mask is None else rec.completion_mask != 0
+            pos = pos | (rec.mask != 0)  # [B, L] positions to log
+            keys.append(
+                torch.stack([rec.delta.double(), rec.correct.double(), pos.any(1).double()], 1)
+                .cpu()
+                .tolist()
+            )  # [B, 3]
+        any_correct = any(c > 0.5 for k in keys for _, c, _ in k)
+        cands = []
+        for i, (s, k) in enumerate(zip(sources, keys, strict=True)):
+            for b, (d, c, has) in enumerate(k):
+                if has > 0.5:
+                    d = d if math.isfinite(d) else math.inf
+                    cands.append((0 if c > 0.5 else 1, d, s.offset + b, i, b))
+        cands.sort()
+        picked = cands[: self.response_samples_per_step]
+
+        rows: list[dict] = []
+        for i, s in enumerate(sources):
+            sel = [b for (_, _, _, j, b) in picked if j == i]
+            if sel:
+                rows.extend(self._response_rows(s, sel, action_ids))
+        order = {resp: n for n, (_, _, resp, _, _) in enumerate(picked)}
+        rows.sort(key=lambda r: (order[r[C.TOK_RESPONSE]], r[C.TOK_POSITION]))
+        taken = {(r[C.TOK_RESPONSE], r[C.TOK_POSITION]) for r in rows}
+
+        top: list[dict] = []
+        k = self.token_samples_per_step
+        if k > 0:
+            for s in sources:
+                rec = s.record
+                found = top_displaced_tokens(
+                    rec.logp_old,
+                    rec.logp_new,
+                    rec.mask,
+                    k,
+                    correct=rec.correct,
+                    token_ids=rec.token_ids,
+                    rewards=s.rewards,
+                    advantages=s.advantages,
+                    only_correct=any_correct,  # no correct response: the most displaced overall
+                )
+                for row in found:
+                    row[C.TOK_RESPONSE] += s.offset
+                top.extend(found)
+            top.sort(key=lambda r: (r[C.TOK_DELTA], r[C.TOK_RESPONSE], r[C.TOK_POSITION]))
+            top = top[:k]  # the step's k most displaced tokens, some of them in picked responses
+            for row in top:
+                row[C.TOK_CORRECT] = int(row.get(C.TOK_CORRECT, False))
+                row[C.TOK_SAMPLE] = SAMPLE_TOP_TOKEN
+            top = [r for r in top if (r[C.TOK_RESPONSE], r[C.TOK_POSITION]) not in taken]
+        rows.extend(top)
+        self._add_text(rows, sources)
         return rows
+
+    @staticmethod
+    def _response_rows(
+        source: _TokenSource, sel: list[int], action_ids: Callable[..., torch.Tensor]
+    ) -> list[dict]:
+        """Rows of every completion position of responses ``sel`` of one probe (one host copy)."""
+        rec = source.record
+        idx = torch.tensor(sel, dtype=torch.long, device=rec.logp_old.device)
+        gen = rec.mask[idx] != 0  # [n, L]
+        pos = gen if rec.completion_mask is None else (rec.completion_mask[idx] != 0) | gen
+        nan = torch.full((), math.nan, dtype=torch.float64, device=idx.device)
+        old = rec.logp_old[idx].double()  # [n, L]
+        new = rec.logp_new[idx].double()  # [n, L]
+        ids = (
+            rec.token_ids[idx].to(idx.device).double()
+            if rec.token_ids is not None
+            else torch.full_like(old, -1.0)
+        )  # [n, L]
+        table = torch.stack(
+            [
+                pos.double(),
+                ids,
+                action_ids(gen).double(),
+                gen.double(),
+                torch.where(gen, old, nan),
+                torch.where(gen, new - old, nan),
+            ],
+            -1,
+        )  # [n, L, 6]
+        resp = {}  # per-response constants: correct, reward, advantage
+        per = [rec.correct[idx].double()]
+        names = [C.TOK_CORRECT]
+        for name, t in ((C.TOK_REWARD, source.rewards), (C.TOK_ADVANTAGE, source.advantages)):
+            if t is not None:
+                per.append(t.reshape(-1)[idx.to(t.device)].to(idx.device).double())
+                names.append(name)
+        for b, vals in zip(sel, torch.stack(per, 1).cpu().tolist(), strict=True):
+            resp[b] = dict(zip(names, vals, strict=True))
+        out: list[dict] = []
+        for b, positions in zip(sel, table.cpu().tolist(), strict=True):
+            const = resp[b]
+            for p, (inside, tid, action, is_gen, lp_old, dl) in enumerate(positions):
+                if inside < 0.5:
+                    continue  # padding
+                row = {
+                    C.TOK_RESPONSE: source.offset + b,
+                    C.TOK_POSITION: p,
+                    C.TOK_TOKEN_ID: int(tid),
+                    C.TOK_ACTION: int(action),
+                    C.TOK_GENERATED: int(is_gen),
+                    C.TOK_LOGP_OLD: lp_old,
+                    C.TOK_DELTA: dl,
+                    C.TOK_CORRECT: int(const[C.TOK_CORRECT] > 0.5),
+                    C.TOK_SAMPLE: SAMPLE_RESPONSE,
+                }
+                for name in (C.TOK_REWARD, C.TOK_ADVANTAGE):
+                    if name in const:
+                        row[name] = const[name]
+                out.append(row)
+        return out
+
+    @staticmethod
+    def _add_text(rows: list[dict], sources: Sequence[_TokenSource]) -> None:
+        """Set ``C.TOK_TEXT`` on every row: one batched tokenizer call per step ('' without one)."""
+        tokenizer = next((s.tokenizer for s in sources if s.tokenizer is not None), None)
+        ids = sorted({r[C.TOK_TOKEN_ID] for r in rows if r.get(C.TOK_TOKEN_ID, -1) >= 0})
+        texts: dict[int, str] = {}
+        if tokenizer is not None and ids:
+            if hasattr(tokenizer, "batch_decode"):
+                decoded = tokenizer.batch_decode(
+                    [[i] for i in ids],
+                    skip_special_tokens=False,
+                    clean_up_tokenization_spaces=False,
+                )
+            elif hasattr(tokenizer, "convert_ids_to_tokens"):
+                decoded = tokenizer.convert_ids_to_tokens(ids)
+            else:
+                raise ValueError(
+                    f"tokenizer {type(tokenizer).__name__} has neither batch_decode nor "
+                    "convert_ids_to_tokens; pass a transformers tokenizer, or none (text '')"
+                )
+            texts = dict(zip(ids, (str(t) for t in decoded), strict=True))
+        for row in rows:
+            row[C.TOK_TEXT] = texts.get(row.get(C.TOK_TOKEN_ID, -1), "")
 
     # -- plain API: LLDS ------------------------------------------------------------------------
 
@@ -776,6 +968,7 @@ class LLDMonitor:
         with self.guard("end_step"):
             row = self._end_step(step, extra_columns)
         self._acc = _Acc()
+        self._token_sources, self._probed_in_step = [], 0
         self.step = (row.get(C.STEP, self.step) if row else self.step) + 1
         return row
 
@@ -860,21 +1053,23 @@ class LLDMonitor:
         if self.rank == 0 and self.writer is not None:
             self.writer.log_step(row)
             self.rows_written += 1
-            if self._tokens:
-                self._write_tokens(self._tokens, step)
+            if self._token_sources:
+                self._write_tokens(self._token_sources, step)
             for sink in self.sinks:
                 fn = getattr(sink, "log_step", None)
                 if fn is not None:
                     with self.guard(f"sink {type(sink).__name__}.log_step"):
                         fn(row)
-        self._tokens = []
         self._detect(row, step)
         return row
 
-    def _write_tokens(self, rows: list[dict[str, Any]], step: int) -> None:
-        """Token samples to Parquet off the training thread (in strict mode: inline, raising)."""
+    def _write_tokens(self, sources: list[_TokenSource], step: int) -> None:
+        """Build the step's token samples and write them to Parquet off the training thread.
+
+        In strict mode inline, raising. The sources hold detached tensors no one mutates.
+        """
         if self.strict:
-            self.writer.log_tokens(rows, step)
+            self.writer.log_tokens(self.token_sample_rows(sources), step)
             return
         if self._token_pool is None:
             from concurrent.futures import ThreadPoolExecutor
@@ -884,7 +1079,7 @@ class LLDMonitor:
 
         def write() -> None:
             with self.guard("log_tokens"):
-                writer.log_tokens(rows, step)
+                writer.log_tokens(self.token_sample_rows(sources), step)
 
         self._token_pool.submit(write)
 

@@ -28,7 +28,13 @@ def _batch() -> dict[str, torch.Tensor]:
 
 def test_row_from_the_plain_methods_is_hand_computed(tmp_path: Any) -> None:
     b = _batch()
-    monitor = LLDMonitor(tmp_path / "run", detector=None, strict=True, token_samples_per_step=2)
+    monitor = LLDMonitor(
+        tmp_path / "run",
+        detector=None,
+        strict=True,
+        token_samples_per_step=2,
+        response_samples_per_step=0,  # top tokens only (whole responses: tests below)
+    )
     monitor.observe_rollout(
         b["logp_old"],
         b["mask"],
@@ -80,6 +86,7 @@ def test_row_from_the_plain_methods_is_hand_computed(tmp_path: Any) -> None:
     # Only the correct response's tokens are candidates; only one of them fell (-0.5 at pos 1).
     assert tokens[[C.TOK_RESPONSE, C.TOK_POSITION, C.TOK_TOKEN_ID]].values.tolist() == [[0, 1, 6]]
     assert tokens[C.TOK_DELTA].tolist() == pytest.approx([-0.5])
+    assert tokens[C.TOK_SAMPLE].tolist() == ["top_token"]
     assert list(run.events[C.EVENT_KIND]) == ["start", "attach", "end"]
 
 
@@ -208,3 +215,191 @@ def test_constructor_validates_arguments(tmp_path: Any) -> None:
         LLDMonitor(tmp_path / "r", llds={"lam": 0.2})
     with pytest.raises(ValueError, match="detector"):
         LLDMonitor(tmp_path / "r", detector=3)
+    with pytest.raises(ValueError, match="response_samples_per_step must be >= 0"):
+        LLDMonitor(tmp_path / "r", response_samples_per_step=-1)
+
+
+# --- token samples: whole responses and most displaced tokens ---------------------------------
+
+WORDS = "zero one two three four five six seven eight nine ten eleven twelve".split()
+
+
+class _CountingTokenizer:
+    """A real tiny tokenizer that counts its decode calls (decoding must be one call per step)."""
+
+    def __init__(self) -> None:
+        from lld_monitor.tiny import build_tokenizer
+
+        self.tok = build_tokenizer([" ".join(WORDS)], vocab_size=64)
+        self.batch_calls = 0
+
+    def id(self, word: str) -> int:
+        return int(self.tok.convert_tokens_to_ids(word))
+
+    def batch_decode(self, ids: Any, **kw: Any) -> list[str]:
+        self.batch_calls += 1
+        return self.tok.batch_decode(ids, **kw)
+
+
+def _tool_batch(tok: _CountingTokenizer) -> dict[str, torch.Tensor]:
+    """Four responses of 5 positions: generated (mask 1), tool feedback, padding.
+
+    r0 correct: gen gen tool tool gen   deltas -0.5, 0, (tool), (tool), -0.25  -> sum -0.75
+    r1 correct: gen gen gen pad pad     deltas 0, -1, 0                        -> sum -1.0
+    r2 wrong:   gen tool gen pad pad    deltas -2, (tool), 0                   -> sum -2.0
+    r3 correct: gen gen pad pad pad     deltas -1.5, +2                        -> sum +0.5
+    Tool-feedback positions get a large logp change that must never reach a delta.
+    """
+    w = [[tok.id(x) for x in ws] for ws in (WORDS[0:5], WORDS[5:8], WORDS[8:11], WORDS[11:13])]
+    ids = [row + [tok.tok.pad_token_id] * (5 - len(row)) for row in w]
+    return {
+        "token_ids": torch.tensor(ids),  # [4, 5]
+        "mask": torch.tensor(
+            [[1, 1, 0, 0, 1], [1, 1, 1, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 0, 0]]
+        ),  # [4, 5] generated tokens
+        "completion_mask": torch.tensor(
+            [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0]]
+        ),  # [4, 5] every completion position (tool feedback included)
+        "logp_old": torch.tensor(
+            [
+                [-1.0, -2.0, -3.0, -4.0, -5.0],
+                [-0.5, -0.5, -0.5, 0.0, 0.0],
+                [-1.0, -1.0, -1.0, 0.0, 0.0],
+                [-1.0, -3.0, 0.0, 0.0, 0.0],
+            ]
+        ),  # [4, 5]
+        "logp_new": torch.tensor(
+            [
+                [-1.5, -2.0, -9.0, -9.0, -5.25],
+                [-0.5, -1.5, -0.5, 0.0, 0.0],
+                [-3.0, -9.0, -1.0, 0.0, 0.0],
+                [-2.5, -1.0, 0.0, 0.0, 0.0],
+            ]
+        ),  # [4, 5]
+        "rewards": torch.tensor([1.0, 1.0, 0.0, 1.0]),  # [4]
+        "advantages": torch.tensor([0.5, 0.5, -1.5, 0.5]),  # [4]
+    }
+
+
+def _token_run(
+    tmp_path: Any, name: str, probes: list[torch.Tensor | None], **kw: Any
+) -> tuple[Any, _CountingTokenizer]:
+    """One step through the plain API, probed in the given row subsets; the stored samples."""
+    tok = _CountingTokenizer()
+    b = _tool_batch(tok)
+    monitor = LLDMonitor(tmp_path / name, detector=None, strict=True, **kw)
+    monitor.observe_rollout(
+        b["logp_old"],
+        b["mask"],
+        rewards=b["rewards"],
+        advantages=b["advantages"],
+        token_ids=b["token_ids"],
+        completion_mask=b["completion_mask"],
+    )
+    for rows in probes:
+        new = b["logp_new"] if rows is None else b["logp_new"][rows]
+        monitor.observe_post_update(new, rows=rows, tokenizer=tok)
+    monitor.end_step(step=3)
+    monitor.close()
+    return load_run(tmp_path / name).tokens(3), tok
+
+
+def _keys(tokens: Any) -> list[tuple[Any, ...]]:
+    cols = [C.TOK_SAMPLE, C.TOK_RESPONSE, C.TOK_POSITION, C.TOK_GENERATED, C.TOK_ACTION]
+    return [tuple(r) for r in tokens[cols].itertuples(index=False)]
+
+
+def test_whole_responses_every_position_tool_feedback_and_top_tokens(tmp_path: Any) -> None:
+    tokens, tok = _token_run(
+        tmp_path, "run", [None], response_samples_per_step=2, token_samples_per_step=2
+    )
+    # Picked: correct responses by summed change ascending: r1 (-1.0), r0 (-0.75); r3 (+0.5)
+    # and the wrong r2 (-2.0, most displaced of all, but not correct) are left out.
+    # Top-2 displaced tokens of correct responses: r3@0 (-1.5), r1@1 (-1.0); r1@1 is already a
+    # row of the picked r1, so it is not repeated. Padding positions never appear.
+    assert _keys(tokens) == [
+        ("response", 1, 0, 1, 0),
+        ("response", 1, 1, 1, 0),
+        ("response", 1, 2, 1, 0),
+        ("response", 0, 0, 1, 0),
+        ("response", 0, 1, 1, 0),
+        ("response", 0, 2, 0, -1),  # tool feedback: not generated, no action
+        ("response", 0, 3, 0, -1),
+        ("response", 0, 4, 1, 1),  # second action after the tool output
+        ("top_token", 3, 0, 1, 0),
+    ]
+    delta = tokens[C.TOK_DELTA].tolist()
+    expected = [0.0, -1.0, 0.0, -0.5, 0.0, math.nan, math.nan, -0.25, -1.5]
+    assert delta == pytest.approx(expected, nan_ok=True)
+    old = [-0.5, -0.5, -0.5, -1.0, -2.0, math.nan, math.nan, -5.0, -1.0]  # NaN on tool feedback
+    assert tokens[C.TOK_LOGP_OLD].tolist() == pytest.approx(old, nan_ok=True)
+    words = [*WORDS[5:8], *WORDS[0:5], WORDS[11]]
+    assert tokens[C.TOK_TEXT].tolist() == words
+    assert tokens[C.TOK_TOKEN_ID].tolist() == [tok.id(w) for w in words]
+    assert tokens[C.TOK_REWARD].tolist() == [1.0] * 9
+    assert tokens[C.TOK_ADVANTAGE].tolist() == [0.5] * 9
+    assert tokens[C.TOK_CORRECT].tolist() == [1] * 9
+    assert tok.batch_calls == 1  # one batched decode for the whole step
+    # One row per (response, position); generated deltas sum to each response's change.
+    assert not tokens.duplicated([C.TOK_RESPONSE, C.TOK_POSITION]).any()
+    whole = tokens[tokens[C.TOK_SAMPLE] == "response"]
+    sums = whole.groupby(C.TOK_RESPONSE)[C.TOK_DELTA].sum()  # NaN (tool feedback) skipped
+    assert sums.to_dict() == pytest.approx({0: -0.75, 1: -1.0})
+
+
+def test_incorrect_responses_follow_correct_ones_and_split_probes_agree(tmp_path: Any) -> None:
+    # Room for all four: correct r1, r0, r3 (change ascending), then the incorrect r2.
+    tokens, _ = _token_run(
+        tmp_path, "all", [None], response_samples_per_step=4, token_samples_per_step=3
+    )
+    order = list(dict.fromkeys(tokens[C.TOK_RESPONSE]))
+    assert order == [1, 0, 3, 2]
+    assert (tokens[C.TOK_SAMPLE] == "response").all()  # every top token lies in a response
+    r2 = tokens[tokens[C.TOK_RESPONSE] == 2]
+    assert r2[C.TOK_POSITION].tolist() == [0, 1, 2] and r2[C.TOK_GENERATED].tolist() == [1, 0, 1]
+    assert r2[C.TOK_CORRECT].tolist() == [0] * 3 and r2[C.TOK_REWARD].tolist() == [0.0] * 3
+    assert r2[C.TOK_ADVANTAGE].tolist() == [-1.5] * 3
+    assert len(tokens) == 3 + 5 + 2 + 3
+    # The same step probed in two calls (rows [0, 1], then [2, 3]): the responses are numbered
+    # across the step's probes, and the step's selection is the same as with one probe.
+    split, tok = _token_run(
+        tmp_path,
+        "split",
+        [torch.tensor([0, 1]), torch.tensor([2, 3])],
+        response_samples_per_step=4,
+        token_samples_per_step=3,
+    )
+    assert _keys(split) == _keys(tokens)
+    assert split[C.TOK_DELTA].tolist() == pytest.approx(tokens[C.TOK_DELTA].tolist(), nan_ok=True)
+    assert tok.batch_calls == 1
+    # Nothing sampled at all: no token file.
+    none, tok = _token_run(
+        tmp_path, "none", [None], response_samples_per_step=0, token_samples_per_step=0
+    )
+    assert none.empty and tok.batch_calls == 0
+
+
+def test_without_completion_mask_or_correct_responses(tmp_path: Any) -> None:
+    tok = _CountingTokenizer()
+    b = _tool_batch(tok)
+    monitor = LLDMonitor(
+        tmp_path / "run",
+        detector=None,
+        strict=True,
+        response_samples_per_step=1,
+        token_samples_per_step=1,
+    )
+    # No completion mask: only generated positions can be told from padding. No reward reaches
+    # 1.0 (threshold): every response is incorrect, the most displaced one is picked (r2, -2).
+    monitor.observe_rollout(b["logp_old"], b["mask"], rewards=torch.zeros(4))
+    monitor.observe_post_update(b["logp_new"])  # no tokenizer, no token ids
+    monitor.end_step(step=0)
+    monitor.close()
+    tokens = load_run(tmp_path / "run").tokens(0)
+    # r2's generated positions 0 and 2; its tool feedback at 1 is unknown without the mask. The
+    # top token overall is r2@0 (-2.0), already in r2: not repeated.
+    assert _keys(tokens) == [("response", 2, 0, 1, 0), ("response", 2, 2, 1, 1)]
+    assert tokens[C.TOK_DELTA].tolist() == pytest.approx([-2.0, 0.0])
+    assert tokens[C.TOK_TEXT].tolist() == ["", ""] and tokens[C.TOK_TOKEN_ID].tolist() == [-1, -1]
+    assert tokens[C.TOK_CORRECT].tolist() == [0, 0]
+    assert tokens[C.TOK_REWARD].tolist() == [0.0, 0.0] and C.TOK_ADVANTAGE not in tokens

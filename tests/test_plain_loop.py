@@ -41,7 +41,12 @@ def test_plain_loop_writes_full_rows_with_llds(tmp_path: Any) -> None:
     assert steps[C.LLDS_LOSS].notna().all() and (steps[C.LLDS_LOSS] >= 0).all()
     assert run.meta["trainer"] == "examples/plain_loop.py" and run.finished
     tokens = run.tokens()
-    assert len(tokens) > 0 and (tokens[C.TOK_DELTA] < 0).all()
+    top = tokens[tokens[C.TOK_SAMPLE] == "top_token"]
+    assert len(tokens) > 0 and (top[C.TOK_DELTA] < 0).all()
+    # Whole responses: 4 per step, one row per (step, response, position).
+    whole = tokens[tokens[C.TOK_SAMPLE] == "response"]
+    assert whole.groupby(C.TOK_STEP)[C.TOK_RESPONSE].nunique().tolist() == [4, 4, 4]
+    assert not tokens.duplicated([C.TOK_STEP, C.TOK_RESPONSE, C.TOK_POSITION]).any()
 
 
 def test_completion_mask_stops_after_eos() -> None:

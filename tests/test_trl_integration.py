@@ -142,8 +142,23 @@ def test_rows_probe_and_grad_norm_match_independent_recomputation(tmp_path: Any)
     fn_mean = steps[C.REWARD_FN_PREFIX + "reward_length"]
     assert steps[C.REWARD_MEAN].tolist() == pytest.approx(fn_mean.tolist(), rel=1e-6)
     tokens = run.tokens()
-    assert len(tokens) > 0 and set(tokens[C.TOK_STEP]) <= {2, 4}
-    assert tokens[C.TOK_TEXT].str.len().gt(0).all() and (tokens[C.TOK_DELTA] < 0).all()
+    assert len(tokens) > 0 and set(tokens[C.TOK_STEP]) == {2, 4}
+    assert tokens[C.TOK_TEXT].str.len().gt(0).all()
+    assert not tokens.duplicated([C.TOK_STEP, C.TOK_RESPONSE, C.TOK_POSITION]).any()
+    top = tokens[tokens[C.TOK_SAMPLE] == "top_token"]
+    assert (top[C.TOK_DELTA] < 0).all()
+    # Whole responses (default 4 per step): every completion position, padding excluded, and
+    # the logged generated-token changes sum to the change the probe recorded for that response.
+    whole = tokens[tokens[C.TOK_SAMPLE] == "response"]
+    for rec, _, _, _, step in snaps.checks:
+        mine = whole[whole[C.TOK_STEP] == step]
+        assert mine[C.TOK_RESPONSE].nunique() == 4
+        completion = rec.completion_mask  # [8, T] TRL's completion_mask (padding 0)
+        for response, group in mine.groupby(C.TOK_RESPONSE):
+            n_positions = int(completion[response].sum())
+            assert group[C.TOK_POSITION].tolist() == list(range(n_positions))
+            assert group[C.TOK_GENERATED].tolist() == rec.mask[response, :n_positions].tolist()
+            assert group[C.TOK_DELTA].sum() == pytest.approx(float(rec.delta[response]), abs=1e-5)
     assert run.meta["trainer"] == "trl.GRPOTrainer" and run.meta["lld_columns"] is True
 
 

@@ -382,7 +382,6 @@ class GRPOAdapter(TrainerAdapter):
         adv = cat("advantages")[rows]
         correct = self.monitor.correct_mask(rewards, adv, n, completion_ids.device)
         tok = getattr(tr.processing_class, "tokenizer", tr.processing_class)
-        generated = (tool_mask if tool_mask is not None else completion_mask)[rows]
         rec = self.monitor.measure_displacement(
             old[rows],
             logp_new,
@@ -393,7 +392,7 @@ class GRPOAdapter(TrainerAdapter):
             advantages=adv,
             rows=rows,
             tokenizer=tok,
-            generated=generated,
+            completion_mask=completion_mask[rows],  # tool feedback in, padding out
         )
         self.probe_records.append(rec)
         self.probe_inputs.append((input_ids, attention))
