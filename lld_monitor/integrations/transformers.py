@@ -31,8 +31,13 @@ _LOG_MAPPED = {"loss": C.LOSS, "grad_norm": C.GRAD_NORM, "learning_rate": C.LEAR
 
 def check_trainer_internals(cls: type = Trainer) -> list[str]:
     """Problems with the Trainer methods we wrap (empty when the installed version fits)."""
+    return signature_problems(cls, WRAPPED_TRAINER_METHODS)
+
+
+def signature_problems(cls: type, methods: dict[str, tuple[str, ...]]) -> list[str]:
+    """Methods of ``cls`` that are missing or whose leading parameters are not the expected ones."""
     problems = []
-    for name, params in WRAPPED_TRAINER_METHODS.items():
+    for name, params in methods.items():
         fn = getattr(cls, name, None)
         if fn is None:
             problems.append(f"{cls.__name__}.{name} is missing")

@@ -17,7 +17,6 @@ After the last optimizer update on a generation batch, one no-grad forward over 
 from __future__ import annotations
 
 import importlib.metadata
-import inspect
 import logging
 import math
 import warnings
@@ -29,7 +28,11 @@ from packaging.version import Version
 from trl import GRPOTrainer
 
 from lld_monitor import columns as C
-from lld_monitor.integrations.transformers import TrainerAdapter, check_trainer_internals
+from lld_monitor.integrations.transformers import (
+    TrainerAdapter,
+    check_trainer_internals,
+    signature_problems,
+)
 
 logger = logging.getLogger("lld_monitor")
 
@@ -105,16 +108,7 @@ def check_trl_version(version: str | None = None) -> Version:
 
 def check_grpo_internals(cls: type = GRPOTrainer) -> list[str]:
     """Problems with the GRPOTrainer methods we wrap (empty when TRL still fits)."""
-    problems = check_trainer_internals(cls)
-    for name, params in WRAPPED_GRPO_METHODS.items():
-        fn = getattr(cls, name, None)
-        if fn is None:
-            problems.append(f"{cls.__name__}.{name} is missing")
-            continue
-        got = tuple(inspect.signature(fn).parameters)[: len(params)]
-        if got != params:
-            problems.append(f"{cls.__name__}.{name} parameters are {got}, expected {params}")
-    return problems
+    return check_trainer_internals(cls) + signature_problems(cls, WRAPPED_GRPO_METHODS)
 
 
 def llds_reuse_problem(
