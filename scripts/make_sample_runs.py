@@ -248,6 +248,10 @@ def spiral_rows(out: Path, entries: list[dict[str, Any]]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:
+        if not (out / e["path"]).exists():
+            # folder dropped to keep sample_runs/ small: its row was computed when it existed
+            rows.append(e.get("row", f"| {e['name']} | (folder not kept; rerun its command) |"))
+            continue
         df = load_run(out / e["path"]).steps
         r = df[C.REWARD_MEAN].rolling(32, min_periods=1).mean()
         q = max(1, len(df) // 4)
@@ -259,7 +263,7 @@ def spiral_rows(out: Path, entries: list[dict[str, Any]]) -> list[str]:
         alerts = ", ".join(f"{k} x{n}" if n > 1 else k for k, n in kinds.items()) or "none"
         collapse = "none" if an.collapse_step is None else f"step {an.collapse_step}"
         s, f = e["start_eval"], e["final_eval"]
-        rows.append(
+        e["row"] = (
             f"| {e['name']} | {_fmt(r.iloc[0])} -> {_fmt(r.max())} -> {_fmt(r.iloc[-1])} "
             f"| {_fmt(s['accuracy'])} -> {_fmt(f['accuracy'])} "
             f"| {_fmt(s['searches'])} -> {_fmt(f['searches'])} "
@@ -270,6 +274,7 @@ def spiral_rows(out: Path, entries: list[dict[str, Any]]) -> list[str]:
             f"| {_fmt(head[C.DELTA_CORRECT].mean(), 3)} / {_fmt(tail[C.DELTA_CORRECT].mean(), 3)} "
             f"| {alerts}; {collapse} |"
         )
+        rows.append(e["row"])
     return rows
 
 
@@ -412,7 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     if runs:
         write_block(out, table_rows(out, runs), MARK_START, MARK_END)
     if manifest.get("spiral"):
+        vorder = {"vanilla": 0, "no-neg-adv": 1, "llds": 2}
+        manifest["spiral"].sort(key=lambda e: (e["spiral"], vorder.get(e["variant"], 9), e["seed"]))
         write_block(out, spiral_rows(out, manifest["spiral"]), SPIRAL_START, SPIRAL_END)
+        manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")  # keeps computed rows
     write_block(out, provenance_rows(manifest), PROV_START, PROV_END)
     print(f"wrote {out / 'README.md'} tables ({len(runs)} runs)")
     return 0
