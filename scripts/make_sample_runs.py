@@ -140,36 +140,10 @@ def make_simulated_runs(out: Path, seeds: list[int]) -> list[dict[str, Any]]:
 
 
 def spiral_configs(steps: int) -> dict[str, Any]:
-    """The bounded spiral attempt: configurations built from the ingredients the theory names."""
-    from dataclasses import replace
+    """The bounded spiral attempt: the aggressive presets of ``lld_monitor.toy.train``."""
+    from lld_monitor.toy.train import preset_configs
 
-    from lld_monitor.toy.rollout import RolloutConfig
-    from lld_monitor.toy.sft import SFTConfig
-    from lld_monitor.toy.task import ToyTaskConfig
-    from lld_monitor.toy.train import ToyGRPOConfig
-
-    base = ToyGRPOConfig(steps=steps)
-    return {
-        # small model, 32 updates per rollout batch, high lr, no KL
-        "s1-small-32upd-lr3e-3": replace(
-            base, learning_rate=3e-3, steps_per_generation=8, num_iterations=4, beta=0.0
-        ),
-        # larger model and vocabulary (long tail), 4 random "thinking" words before each action
-        # (long low-likelihood text shared by correct and incorrect responses), two-word answers
-        # sharing words with distractors, 16 updates per rollout, no KL
-        "s2-big-vocab-think-2word": replace(
-            base,
-            learning_rate=1e-3,
-            steps_per_generation=8,
-            num_iterations=2,
-            beta=0.0,
-            hidden_size=128,
-            extra_vocab=1000,
-            task=ToyTaskConfig(n_values=12, answer_words=2),
-            sft=SFTConfig(steps=500, think_words=4),
-            rollout=RolloutConfig(max_action_tokens=14, max_completion_tokens=128),
-        ),
-    }
+    return {k: v for k, v in preset_configs(steps).items() if k != "default"}
 
 
 def make_spiral_runs(

@@ -380,3 +380,17 @@ def test_think_words_prefix_every_action_with_filler_only():
     assert not any(w in filler for text, g in segs if not g for w in text.split())
     with pytest.raises(ValueError, match="filler"):
         demonstration(q, r, kb, random.Random(0), think_words=2)
+
+
+def test_presets_reuse_batches_so_llds_can_act():
+    from lld_monitor.toy.train import preset_configs
+
+    presets = preset_configs(steps=10, seed=3)
+    assert set(presets) >= {"default", "s1-small-32upd-lr3e-3", "s2-big-vocab-think-2word"}
+    for cfg in presets.values():
+        assert cfg.steps == 10 and cfg.seed == 3
+        # several optimizer updates per rollout batch: pi_theta != pi_old after the first
+        assert cfg.updates_per_rollout >= 8
+    assert presets["s1-small-32upd-lr3e-3"].updates_per_rollout == 32
+    s2 = presets["s2-big-vocab-think-2word"]
+    assert s2.sft.think_words > 0 and s2.extra_vocab > 0 and s2.task.answer_words == 2

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 DEFAULT_STEPS = 320
+PRESETS: tuple[str, ...] = ("default", "s1-small-32upd-lr3e-3")
 
 
 def _positive_int(text: str) -> int:
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--steps",
         type=_positive_int,
         default=DEFAULT_STEPS,
-        help=f"GRPO optimizer updates (8 per rollout batch; default {DEFAULT_STEPS})",
+        help=f"GRPO optimizer updates (default {DEFAULT_STEPS}; 8 per rollout batch by default)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of task, model and sampling")
     parser.add_argument(
@@ -56,6 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="warm-start (supervised) steps before GRPO (default 400; fewer is faster but "
         "starts from a weaker policy)",
     )
+    parser.add_argument(
+        "--preset",
+        choices=PRESETS,
+        default="default",
+        help="default: a run that learns and stays healthy; s1-small-32upd-lr3e-3: an aggressive "
+        "setting (lr 3e-3, 32 updates per rollout batch) on which vanilla GRPO collapses (see "
+        "sample_runs/README.md)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -73,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     """Train, analyse, print. Exit 1 when the output folder already holds a run."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from lld_monitor.toy.train import ToyGRPOConfig, monitored_run
+    from lld_monitor.toy.train import monitored_run, preset_configs
 
     out = Path(args.out) if args.out else default_out(args.llds, args.seed)
     if (out / "steps.jsonl").exists():
@@ -82,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    cfg = ToyGRPOConfig(steps=args.steps, seed=args.seed)
+    cfg = preset_configs(args.steps, args.seed)[args.preset]
     if args.sft_steps is not None:
         if args.sft_steps < 0:
             print("lld-monitor demo: --sft-steps must be >= 0", file=sys.stderr)
@@ -92,9 +101,11 @@ def run(args: argparse.Namespace) -> int:
         f"lld-monitor demo: toy Search-R1 task, tiny Qwen2 policy on CPU; warm start, then "
         f"{cfg.steps} GRPO updates ({cfg.updates_per_rollout} per rollout batch of "
         f"{cfg.prompts_per_update * cfg.steps_per_generation} prompts x {cfg.num_generations}), "
-        f"LLDS {args.llds}, seed {args.seed}\n  run folder: {out}"
+        f"LLDS {args.llds}, seed {args.seed}, preset {args.preset}\n  run folder: {out}"
     )
     words = ["--steps", str(args.steps), "--seed", str(args.seed), "--llds", args.llds]
+    if args.preset != "default":
+        words += ["--preset", args.preset]
     if args.sft_steps is not None:
         words += ["--sft-steps", str(args.sft_steps)]
     command = "lld-monitor demo " + " ".join(shlex.quote(a) for a in words)

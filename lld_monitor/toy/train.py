@@ -315,6 +315,36 @@ def train_toy(
 LLDS_MODES: tuple[str, ...] = ("off", "on", "auto")
 
 
+def preset_configs(steps: int = 1000, seed: int = 0) -> dict[str, ToyGRPOConfig]:
+    """Named configurations: ``default`` (learns, stays healthy) and the two aggressive ones of
+    the spiral attempt in ``sample_runs/README.md`` (vanilla GRPO collapses on both)."""
+    from dataclasses import replace
+
+    base = ToyGRPOConfig(steps=steps, seed=seed)
+    return {
+        "default": base,
+        # small model, 32 updates per rollout batch, high lr, no KL
+        "s1-small-32upd-lr3e-3": replace(
+            base, learning_rate=3e-3, steps_per_generation=8, num_iterations=4, beta=0.0
+        ),
+        # larger model and vocabulary (long tail), 4 random "thinking" words before each action
+        # (long low-likelihood text shared by correct and incorrect responses), two-word answers
+        # sharing words with distractors, 16 updates per rollout, no KL
+        "s2-big-vocab-think-2word": replace(
+            base,
+            learning_rate=1e-3,
+            steps_per_generation=8,
+            num_iterations=2,
+            beta=0.0,
+            hidden_size=128,
+            extra_vocab=1000,
+            task=ToyTaskConfig(n_values=12, answer_words=2),
+            sft=SFTConfig(steps=500, think_words=4),
+            rollout=RolloutConfig(max_action_tokens=14, max_completion_tokens=128),
+        ),
+    }
+
+
 def monitored_run(
     cfg: ToyGRPOConfig,
     run_dir: str | Path,
