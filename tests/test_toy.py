@@ -346,6 +346,7 @@ def test_demo_command_trains_writes_a_run_and_prints_the_dashboard_command(tmp_p
     text = capsys.readouterr().out
     assert f"lld-monitor dashboard {out}" in text
     assert "phases:" in text and "sampled accuracy:" in text
+    assert "automatic LLDS" not in text  # --llds on: no auto note
     run = load_run(out)
     assert run.steps[C.STEP].tolist() == list(range(1, 9))
     assert (run.steps[C.LLDS_ENABLED] == 1).all()

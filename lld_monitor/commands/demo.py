@@ -120,9 +120,30 @@ def run(args: argparse.Namespace) -> int:
         f"{final.get('accuracy_2hop', float('nan')):.2f})\n"
         f"searches per answer: {start['searches']:.2f} -> {final['searches']:.2f}\n"
     )
+    _print_interventions(out, args.llds)
     _print_analysis(out)
     print(f"\nOpen the dashboard on this run:\n  lld-monitor dashboard {shlex.quote(str(out))}")
     return 0
+
+
+def _print_interventions(out: Path, llds: str) -> None:
+    """What the monitor did to the run (LLDS switched on or off, stop), from its event log."""
+    from lld_monitor import columns as C
+    from lld_monitor.runlog import load_run
+
+    events = load_run(out).events
+    if events.empty or C.EVENT_TYPE not in events:
+        acts = events
+    else:
+        acts = events[events[C.EVENT_TYPE] == "intervention"]
+    for _, ev in acts.iterrows():
+        step, kind, msg = ev[C.EVENT_STEP], ev[C.EVENT_KIND], ev[C.EVENT_MESSAGE]
+        print(f"monitor action at step {step}: {kind} ({msg})")
+    if llds == "auto" and acts.empty:
+        print(
+            "monitor action: none; automatic LLDS stayed off (it switches on at a stagnation or "
+            "decay alert, and none was raised)"
+        )
 
 
 def _print_analysis(out: Path) -> None:
