@@ -28,10 +28,12 @@ __all__ = [
     "action_ids",
     "correct_mask",
     "displacement_sums",
+    "last_action_mask",
     "likelihood_displacement",
     "masked_mean",
     "per_response_delta",
     "stats_from_sums",
+    "tool_rounds",
     "top_displaced_tokens",
 ]
 
@@ -205,6 +207,22 @@ def action_ids(mask: torch.Tensor) -> torch.Tensor:
     _check_2d("mask", mask)
     m = mask if mask.dtype == torch.bool else mask != 0
     return _action_ids_of(m)
+
+
+def last_action_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Bool [B, L]: the last contiguous run of ``mask`` [B, L] per row (the final answer span).
+
+    In a tool-using trajectory the answer follows the last tool feedback; all False on an empty row.
+    """
+    ids = action_ids(mask)  # [B, L], -1 off-mask
+    last = ids.amax(dim=1, keepdim=True)  # [B, 1]
+    return (ids == last) & (ids >= 0)  # [B, L]
+
+
+def tool_rounds(mask: torch.Tensor) -> torch.Tensor:
+    """Float [B]: actions - 1 per row of ``mask`` [B, L] (tool rounds answered), >= 0."""
+    ids = action_ids(mask)  # [B, L]
+    return ids.amax(dim=1).clamp(min=0).to(torch.float32)  # [B]
 
 
 def _effective_action_ids(

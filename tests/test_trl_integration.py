@@ -331,3 +331,182 @@ def test_monitor_exception_training_continues_unless_strict(tmp_path: Any) -> No
 def test_attach_refuses_unknown_objects(tmp_path: Any) -> None:
     with pytest.raises(ValueError, match="hand-written loop"):
         LLDMonitor(tmp_path / "run").attach(object())
+
+
+class _ToolRollout:
+    """rollout_func: completions of 1-3 actions separated by tool feedback (``env_mask`` 0).
+
+    Completion i of a generation batch has ``i % 3`` tool rounds: ``3 generated + 2 feedback``
+    tokens per round, then a final answer of 2 random tokens + EOS (3 generated tokens).
+    """
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, prompts: list[str], trainer: Any) -> dict[str, Any]:
+        tok = trainer.processing_class
+        g = torch.Generator().manual_seed(1000 + self.calls)
+        self.calls += 1
+
+        def rand(n: int) -> list[int]:
+            return torch.randint(3, len(tok), (n,), generator=g).tolist()  # no special ids
+
+        out: dict[str, Any] = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
+        out["env_mask"] = []
+        for i, prompt in enumerate(prompts):
+            ids, mask = [], []
+            for _ in range(i % 3):
+                ids += rand(3) + rand(2)
+                mask += [1, 1, 1, 0, 0]
+            ids += [*rand(2), tok.eos_token_id]
+            mask += [1, 1, 1]
+            out["prompt_ids"].append(tok(prompt)["input_ids"])
+            out["completion_ids"].append(ids)
+            out["env_mask"].append(mask)
+            out["logprobs"].append([0.0] * len(ids))
+        return out
+
+
+def reward_text_hash(completions: list[str], **kwargs: Any) -> list[float]:
+    """A deterministic spread of rewards in [0, 1] so that groups have non-zero advantages."""
+    return [(sum(map(ord, c)) % 7) / 6 for c in completions]
+
+
+def _tool_run(tmp: Any, weighting: str | float) -> tuple[LLDMonitor, Any]:
+    """4 steps, 2 updates per generation batch of 8, LLDS (lambda 1) with answer weighting on."""
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    monitor = LLDMonitor(
+        tmp / "run",
+        llds=LLDSConfig(lam=1.0, answer_weighting=weighting),
+        strict=True,
+        detector=None,
+        probe_fraction=0.0,
+    )
+    trainer = make_grpo_trainer(
+        tmp / "tr",
+        max_steps=4,
+        steps_per_generation=2,
+        reward_funcs=[reward_text_hash],
+        max_completion_length=16,
+    )
+    trainer.rollout_func = _ToolRollout()  # the factory has no rollout_func argument
+    monitor.attach(trainer)
+    trainer.train()
+    return monitor, trainer
+
+
+def _answer_span(mask: torch.Tensor) -> torch.Tensor:
+    """Bool [B, T]: the last 3 generated positions of each row (the rollout's answer), by index."""
+    last = (mask * torch.arange(mask.shape[1])).amax(1, keepdim=True)  # [B, 1] last generated
+    pos = torch.arange(mask.shape[1])[None]  # [1, T]
+    return (pos <= last) & (pos > last - 3)  # [B, T]
+
+
+def test_llds_answer_weighting_under_grpo_trainer(tmp_path: Any) -> None:
+    """LLDS-MA under GRPOTrainer: answer span = last action, V from the tool rounds per batch."""
+    from lld_monitor.llds import llds_loss
+
+    monitor, _ = _tool_run(tmp_path / "paper", "paper")
+    records = monitor.adapter.llds_records
+    assert len(records) == 4  # one per micro-batch (GA=1, 4 steps)
+    # Tool rounds of a batch of 8: i % 3 for i = 0..7 -> 0,1,2,0,1,2,0,1 -> mean V = 7/8, and the
+    # paper's beta = min(V / 2, 1) = 0.4375; both generation batches have the same structure.
+    for rec in records:
+        assert rec["mean_valid_searches"] == pytest.approx(0.875)
+        assert rec["answer_weight"] == pytest.approx(0.4375)
+        mask = rec["mask"].long()  # [4, T] completion_mask * tool_mask
+        expected_answer = _answer_span(mask)
+        assert torch.equal(rec["answer_mask"], expected_answer)
+        ref = llds_loss(
+            rec["logp_new"],
+            rec["logp_old"],
+            rec["advantages"],
+            mask,
+            answer_mask=expected_answer,
+            answer_weight=0.4375,
+        )
+        torch.testing.assert_close(rec["output"].loss, ref.loss, atol=1e-7, rtol=0)
+        torch.testing.assert_close(rec["term"], ref.loss, atol=1e-7, rtol=0)  # lambda 1
+    # Steps 1 and 3 are first updates on a fresh batch (pi_theta == pi_old): exactly 0; 2 and 4 act,
+    # and the weighting matters there (an unweighted loss differs).
+    assert [float(r["output"].loss) for r in records[::2]] == [0.0, 0.0]
+    acting = records[1::2]
+    assert all(float(r["output"].loss) > 0 for r in acting)
+    unweighted = [
+        float(llds_loss(r["logp_new"], r["logp_old"], r["advantages"], r["mask"]).loss)
+        for r in acting
+    ]
+    assert unweighted != pytest.approx([float(r["output"].loss) for r in acting], abs=1e-6)
+    steps = load_run(tmp_path / "paper" / "run").steps.set_index(C.STEP)
+    assert steps[C.LLDS_LOSS].tolist() == pytest.approx([float(r["term"]) for r in records])
+    # num_searches: per step, the mean tool rounds of its 4 rows; the two steps of a generation
+    # batch hold all 8 rows, so their mean is 7/8.
+    assert (steps.loc[1, C.NUM_SEARCHES] + steps.loc[2, C.NUM_SEARCHES]) / 2 == pytest.approx(0.875)
+
+
+def test_llds_answer_weight_zero_removes_the_answer_span(tmp_path: Any) -> None:
+    """answer_weighting=0.0: the loss is LLDS with the answer tokens' change set to zero."""
+    from lld_monitor.llds import llds_loss
+
+    monitor, _ = _tool_run(tmp_path / "zero", 0.0)
+    acting = monitor.adapter.llds_records[1::2]
+    assert len(acting) == 2
+    for rec in acting:
+        mask = rec["mask"].long()
+        answer = _answer_span(mask)
+        assert rec["answer_weight"] == 0.0 and torch.equal(rec["answer_mask"], answer)
+        # With the action gate, the answer is its own action, so removing its change (new = old
+        # there) leaves the other actions' gates and the per-response normaliser n_i unchanged.
+        new = torch.where(answer, rec["logp_old"], rec["logp_new"])
+        ref = llds_loss(new, rec["logp_old"], rec["advantages"], mask)
+        torch.testing.assert_close(rec["output"].loss, ref.loss, atol=1e-7, rtol=0)
+        full = llds_loss(rec["logp_new"], rec["logp_old"], rec["advantages"], mask)
+        # The answer span did lose likelihood on preserving responses, so zeroing it matters.
+        assert float(full.loss) > float(rec["output"].loss)
+
+
+def test_valid_searches_from_trl_tool_counts(tmp_path: Any) -> None:
+    """With TRL tools the batch's (calls - failures) / completions stands for every row."""
+    trainer = make_grpo_trainer(tmp_path / "tr", max_steps=1)
+    monitor = LLDMonitor(tmp_path / "run", strict=True, detector=None)
+    monitor.attach(trainer)
+    adapter = monitor.adapter
+    completion_mask = torch.ones(4, 5, dtype=torch.long)
+    adapter._tool_counts = (7, 1)  # what the wrapped _tool_call_loop records: 6 valid calls
+    got = adapter._valid_searches({"completion_mask": completion_mask})
+    assert got.tolist() == [1.5] * 4  # 6 valid calls / 4 completions
+    adapter._tool_counts = None  # no tools: actions - 1 from completion_mask * tool_mask
+    tool_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 0, 1, 0, 1], [1, 0, 0, 1, 1], [0, 1, 1, 1, 1]])
+    got = adapter._valid_searches({"completion_mask": completion_mask, "tool_mask": tool_mask})
+    assert got.tolist() == [0.0, 2.0, 1.0, 0.0]
+    monitor.close()
+
+
+def test_num_iterations_recomputation_precedes_the_last_update(tmp_path: Any) -> None:
+    """Why the probe cannot reuse TRL's own recomputation (docs/monitor.md, "Post-update probe").
+
+    num_iterations=2, steps_per_generation=GA=1: one batch, two optimizer steps. TRL's
+    _compute_loss log-probs of step 2 are taken under the policy after step 1 (before step 2's
+    update), so they differ from the policy after step 2, which the probe measures.
+    """
+    monitor = LLDMonitor(
+        tmp_path / "run",
+        llds=LLDSConfig(lam=0.0),  # on with lambda 0: records the loss inputs, loss unchanged
+        probe_fraction=1.0,
+        strict=True,
+        detector=None,
+    )
+    trainer = make_grpo_trainer(tmp_path / "tr", max_steps=2, num_iterations=2)
+    monitor.attach(trainer)
+    trainer.train()
+    first, second = monitor.adapter.llds_records  # one per _compute_loss, same rows in order
+    probe = monitor.last_probe  # after step 2, the last update on the batch
+    assert probe is not None and probe.step == 2 and probe.rows.tolist() == [0, 1, 2, 3]
+    m = probe.mask.bool()
+    # Step 2's recomputation moved away from the sampling policy (step 1 updated) ...
+    assert (first["logp_new"] - second["logp_new"])[m].abs().max() > 1e-4
+    # ... and it is still not the post-update policy: step 2's own update comes after it.
+    assert (second["logp_new"] - probe.logp_new)[m].abs().max() > 1e-4
+    torch.testing.assert_close(probe.logp_old, first["logp_new"], atol=1e-6, rtol=0)

@@ -4,7 +4,9 @@ What it wraps (instance attributes, restored by ``uninstall``), checked against 
 range at attach and by tests/test_trl_integration.py::test_trl_internals_unchanged:
 
 - ``_calculate_rewards``: the raw rewards per reward function (they never reach the loss).
-- ``_generate_and_score_completions``: tags each generation batch with its rewards and an id.
+- ``_generate_and_score_completions``: tags each generation batch with its rewards, the valid
+  searches per completion and an id.
+- ``_tool_call_loop``: TRL's tool call and failure counts of a generation (valid searches).
 - ``_compute_loss`` + ``_get_per_token_logps_and_entropies`` (during ``_compute_loss`` only): the
   per-token log-probs with grad and the entropies TRL computes anyway; adds ``lam * L_LLDS``.
 - ``training_step`` / ``_get_grad_norm`` (transformers Trainer, via TrainerAdapter): loss and
@@ -33,6 +35,7 @@ from lld_monitor.integrations.transformers import (
     check_trainer_internals,
     signature_problems,
 )
+from lld_monitor.metrics import last_action_mask, tool_rounds
 
 logger = logging.getLogger("lld_monitor")
 
@@ -44,6 +47,16 @@ TRL_TESTED_RANGE = f">={TRL_MIN},<{TRL_MAX}"
 WRAPPED_GRPO_METHODS: dict[str, tuple[str, ...]] = {
     "_calculate_rewards": ("self", "inputs", "prompts", "completions", "completion_ids_list"),
     "_generate_and_score_completions": ("self", "inputs"),
+    "_tool_call_loop": (
+        "self",
+        "prompts",
+        "prompt_ids",
+        "completion_ids",
+        "completions",
+        "logprobs",
+        "images",
+        "multimodal_fields",
+    ),
     "_compute_loss": ("self", "model", "inputs"),
     "_get_per_token_logps_and_entropies": (
         "self",
@@ -69,10 +82,11 @@ GRPO_ATTRIBUTES: tuple[str, ...] = (
     "processing_class",
 )
 #: Keys the adapter adds to TRL's per-batch input dicts (carried through shuffle and split).
-KEY_REWARDS, KEY_REWARDS_PER_FUNC, KEY_GENERATION = (
+KEY_REWARDS, KEY_REWARDS_PER_FUNC, KEY_GENERATION, KEY_SEARCHES = (
     "lld_rewards",
     "lld_rewards_per_func",
     "lld_generation",
+    "lld_valid_searches",
 )
 #: Inputs with these keys are multimodal: the probe skips them (text-only forward).
 _MULTIMODAL_KEYS = (
@@ -146,10 +160,12 @@ class GRPOAdapter(TrainerAdapter):
         self._gens: dict[int, dict[str, Any]] = {}  # generation id -> start step, micro-batches
         self._n_gen = 0
         self._capture: list[Any] | None = None
+        self._tool_counts: tuple[int, int] | None = None  # (calls, failures) of this generation
         self._rng = torch.Generator().manual_seed(0)  # probe sampling; never the global RNG
         self._warned: set[str] = set()
         self.probe_records: list[Any] = []  # the ProbeRecords of the last step (tests, drill-down)
         self.probe_inputs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, attention) each
+        self.llds_records: list[dict[str, Any]] = []  # strict mode only: inputs of each LLDS term
 
     def meta(self) -> dict[str, Any]:
         args, tr = self.trainer.args, self.trainer
@@ -190,6 +206,7 @@ class GRPOAdapter(TrainerAdapter):
         self._wrap("_get_grad_norm", self._get_grad_norm)
         self._wrap("_calculate_rewards", self._calculate_rewards)
         self._wrap("_generate_and_score_completions", self._generate_and_score)
+        self._wrap("_tool_call_loop", self._tool_call_loop)
         self._wrap("_get_per_token_logps_and_entropies", self._get_logps)
         self._wrap("_compute_loss", self._compute_loss)
         self.trainer.add_callback(self.callback)
@@ -207,9 +224,19 @@ class GRPOAdapter(TrainerAdapter):
 
         return _calculate_rewards
 
+    def _tool_call_loop(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def _tool_call_loop(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            # (tool_mask, completions, completion_ids, logprobs, calls, failures, images)
+            self._tool_counts = (int(out[4]), int(out[5]))
+            return out
+
+        return _tool_call_loop
+
     def _generate_and_score(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def _generate_and_score_completions(inputs: Any) -> Any:
             self._rpf = None
+            self._tool_counts = None
             out = original(inputs)
             if self.trainer.model.training and not self.monitor.closed:
                 with self.hook("generation"):
@@ -234,10 +261,29 @@ class GRPOAdapter(TrainerAdapter):
                 groups = total_all.view(-1, g)  # [N_all / G, G]
                 zero = (groups.nan_to_num().std(1) < 1e-8).float()
                 self.monitor.observe_groups(zero.sum(), zero.numel())
+        searches = self._valid_searches(out)  # [B]
+        if self._tool_counts is not None or out.get("tool_mask") is not None:
+            out[KEY_SEARCHES] = searches  # logged (num_searches) only when tools are in play
         gid = self._n_gen
         self._n_gen += 1
         out[KEY_GENERATION] = torch.tensor(gid)  # 0-dim CPU: survives shuffle/split, no sync
-        self._gens[gid] = {"start": tr._step, "micro": {}}
+        self._gens[gid] = {"start": tr._step, "micro": {}, "searches": searches}
+
+    def _valid_searches(self, out: dict[str, Any]) -> torch.Tensor:
+        """Float [B] valid searches per completion of this rank's generation batch.
+
+        With TRL tools: (tool calls - failed calls) / completions, TRL's counts (per batch, so
+        every row holds the batch mean). Otherwise (no tools, or a rollout_func's env_mask): the
+        tool rounds of each row, actions - 1 (0 without tool feedback).
+        """
+        mask = out["completion_mask"]  # [B, T]
+        if self._tool_counts is not None:
+            calls, failures = self._tool_counts
+            n = max(mask.shape[0], 1)
+            return torch.full((mask.shape[0],), (calls - failures) / n, device=mask.device)
+        if out.get("tool_mask") is not None:
+            mask = mask * out["tool_mask"]  # [B, T] generated tokens only
+        return tool_rounds(mask)  # [B]
 
     def _get_logps(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def _get_per_token_logps_and_entropies(*args: Any, **kwargs: Any) -> Any:
@@ -284,6 +330,7 @@ class GRPOAdapter(TrainerAdapter):
         if inputs.get("ref_per_token_logps") is not None:
             d = inputs["ref_per_token_logps"] - logps.detach()
             kl = torch.exp(d) - d - 1  # [B, T], TRL's k3 estimator
+        searches = inputs.get(KEY_SEARCHES)  # [B] or None
         self.monitor.observe_rollout(
             old,
             mask,
@@ -291,6 +338,7 @@ class GRPOAdapter(TrainerAdapter):
             advantages=adv,
             token_ids=inputs["completion_ids"],
             entropy=entropies,
+            num_searches=searches,
             kl=kl,
         )
         rpf = inputs.get(KEY_REWARDS_PER_FUNC)
@@ -302,11 +350,56 @@ class GRPOAdapter(TrainerAdapter):
         if gen is not None:
             gen["micro"].setdefault(id(inputs), (inputs, old.detach()))
         if self.monitor.llds.enabled:
-            term, _ = self.monitor.llds_term(logps, old, adv, mask)
-            ga = getattr(self.trainer, "current_gradient_accumulation_steps", None)
-            ga = ga or self.trainer.args.gradient_accumulation_steps
-            loss = loss + term / ga
+            loss = loss + self._llds(logps, old, adv, mask, gen, searches)
         return loss
+
+    def _llds(
+        self,
+        logps: torch.Tensor,
+        old: torch.Tensor,
+        adv: torch.Tensor,
+        mask: torch.Tensor,
+        gen: dict[str, Any] | None,
+        searches: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``lam * L_LLDS / GA`` of one micro-batch; [B, T] log-probs and mask, [B] advantages.
+
+        With ``answer_weighting``, the answer span is the last action of each completion (the
+        final answer follows the last tool feedback) and V is the mean valid searches of the
+        generation batch (one host read per generation batch, for the adaptive schedules).
+        """
+        kw: dict[str, Any] = {}
+        weighting = self.monitor.llds.config.answer_weighting
+        if weighting is not None:
+            kw["answer_mask"] = last_action_mask(mask)  # [B, T]
+            if isinstance(weighting, str):
+                if gen is not None:
+                    if "mean_searches" not in gen:
+                        gen["mean_searches"] = float(gen["searches"].float().mean())
+                    kw["mean_valid_searches"] = gen["mean_searches"]
+                else:  # a batch generated before attach: this micro-batch's own mean
+                    rounds = searches if searches is not None else tool_rounds(mask)
+                    kw["mean_valid_searches"] = float(rounds.float().mean())
+        term, out = self.monitor.llds_term(logps, old, adv, mask, **kw)
+        if self.monitor.strict and out is not None:
+            cfg = self.monitor.llds.config
+            beta = cfg.answer_weight(kw.get("mean_valid_searches"))
+            self.llds_records.append(
+                {
+                    "logp_new": logps.detach(),
+                    "logp_old": old.detach(),
+                    "advantages": adv.detach(),
+                    "mask": mask.detach(),
+                    "answer_mask": kw.get("answer_mask"),
+                    "answer_weight": beta if weighting is not None else 1.0,
+                    "mean_valid_searches": kw.get("mean_valid_searches"),
+                    "output": out._replace(loss=out.loss.detach()),
+                    "term": term.detach(),
+                }
+            )
+        ga = getattr(self.trainer, "current_gradient_accumulation_steps", None)
+        ga = ga or self.trainer.args.gradient_accumulation_steps
+        return term / ga
 
     # -- probe and row ------------------------------------------------------------------------
 

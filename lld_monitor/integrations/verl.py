@@ -23,7 +23,12 @@ import torch
 
 from lld_monitor import columns as C
 from lld_monitor.llds import LLDSConfig, llds_loss
-from lld_monitor.metrics import action_ids, displacement_sums, stats_from_sums
+from lld_monitor.metrics import (
+    displacement_sums,
+    last_action_mask,
+    stats_from_sums,
+)
+from lld_monitor.metrics import tool_rounds as _tool_rounds
 
 #: verl releases this adapter is tested with (``major.minor``); others raise at import.
 TESTED_VERL_SERIES: tuple[str, ...] = ("0.9",)
@@ -287,19 +292,6 @@ def settings_from_config(config: Any) -> LLDSVerlSettings:
 
 
 # --- tensors ------------------------------------------------------------------------------------
-
-
-def last_action_mask(mask: torch.Tensor) -> torch.Tensor:
-    """Bool [B, L]: the tokens of the last contiguous run of ``mask`` in each row (the answer)."""
-    ids = action_ids(mask)  # [B, L], -1 off-mask
-    last = ids.amax(dim=1, keepdim=True)  # [B, 1]
-    return (ids == last) & (ids >= 0)  # [B, L]
-
-
-def _tool_rounds(mask: torch.Tensor) -> torch.Tensor:
-    """Float [B]: actions - 1 per response (tool calls answered by an observation), >= 0."""
-    ids = action_ids(mask)  # [B, L]
-    return ids.amax(dim=1).clamp(min=0).to(torch.float32)  # [B]
 
 
 def _response_advantage(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
