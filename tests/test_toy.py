@@ -395,3 +395,20 @@ def test_presets_reuse_batches_so_llds_can_act():
     assert presets["s1-small-32upd-lr3e-3"].updates_per_rollout == 32
     s2 = presets["s2-big-vocab-think-2word"]
     assert s2.sft.think_words > 0 and s2.extra_vocab > 0 and s2.task.answer_words == 2
+
+
+def test_same_seed_same_run(policy):
+    from lld_monitor.toy.train import train_toy
+
+    cfg = _tiny_run_config(steps=4)
+    runs = [
+        train_toy(cfg, progress=False, setup=_setup_from(policy, cfg))["log_history"]
+        for _ in range(2)
+    ]
+    keys = ("reward", "loss", "grad_norm")
+    first = [{k: h[k] for k in keys if k in h} for h in runs[0]]
+    second = [{k: h[k] for k in keys if k in h} for h in runs[1]]
+    assert any("reward" in h for h in first)
+    assert first == second
+    other = train_toy(replace(cfg, seed=1), progress=False, setup=_setup_from(policy, cfg))
+    assert [{k: h[k] for k in keys if k in h} for h in other["log_history"]] != first
