@@ -36,7 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_STEPS,
         help=f"GRPO optimizer updates (default {DEFAULT_STEPS}; 8 per rollout batch by default)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of task, model and sampling")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the model, warm start, retriever and sampling (the invented facts are fixed)",
+    )
     parser.add_argument(
         "--llds",
         choices=("off", "on", "auto"),
