@@ -11,6 +11,7 @@ import argparse
 import os
 import shlex
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -87,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     """Train, analyse, print. Exit 1 when the output folder already holds a run."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # transformers 5 deprecation notices raised from inside TRL, once per step: noise for a demo
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers(\.|$)")
     from lld_monitor.toy.train import monitored_run, preset_configs
 
     out = Path(args.out) if args.out else default_out(args.llds, args.seed)
