@@ -232,6 +232,8 @@ def _detect(path: Path) -> tuple[str, Any]:
         state = path / "trainer_state.json"
         if state.is_file():
             return _detect(state)
+        if (path / "meta.json").is_file():  # a run without steps.jsonl: load_run says what is amiss
+            return "lld_run", None
         raise ImportFormatError(
             f"{path}: folder holds no run log, TensorBoard events or trainer_state.json; "
             f"{_EXPECTED}"
@@ -249,6 +251,8 @@ def _detect(path: Path) -> tuple[str, Any]:
     if "\x00" in text[:4096]:
         raise ImportFormatError(f"{path}: binary file of unknown format; {_EXPECTED}")
     stripped = text.lstrip()
+    if not stripped:
+        raise ImportFormatError(f"{path}: empty file (nothing logged yet?); {_EXPECTED}")
     if stripped[:1] in ("[", "{"):
         found = _detect_json(stripped)
         if found is not None:
@@ -414,7 +418,7 @@ def _read_lld_run(path: Path, _: Any) -> tuple[pd.DataFrame, str]:
         run = load_run(path)
     except RunFormatError as exc:
         raise ImportFormatError(
-            f"{path}: broken lld_monitor run folder ({_one_line(exc)})"
+            f"{path}: cannot read this lld_monitor run folder ({_one_line(exc)})"
         ) from exc
     return run.steps.copy(), "logged"
 

@@ -163,7 +163,8 @@ def find_runs(root: str | os.PathLike[str]) -> list[Path]:
     """Run folders at or under ``root`` (recursive, hidden folders skipped), sorted by path."""
     root_path = Path(root)
     if not root_path.is_dir():
-        raise RunFormatError(f"{root_path}: no such folder; pass a run folder or a folder of runs")
+        what = "is a file, not a folder" if root_path.exists() else "no such folder"
+        raise RunFormatError(f"{root_path}: {what}; pass a run folder or a folder of runs")
     found: list[Path] = []
     for dirpath, dirnames, _ in os.walk(root_path):
         if is_run_dir(dirpath):
