@@ -49,9 +49,23 @@ def test_analyze_run_folder_without_steps_names_the_missing_file(tmp_path, capsy
     assert "missing steps.jsonl" in _one_line_error(capsys)
 
 
+def test_simulate_into_a_file_is_a_one_line_error(tmp_path, capsys):
+    out = tmp_path / "taken"
+    out.write_text("not a folder")
+    assert main(["simulate", str(out), "--n", "1"]) == 2
+    assert "cannot write under" in _one_line_error(capsys)
+
+
 def test_eval_on_a_file_says_it_is_a_file(tmp_path, capsys):
     path = tmp_path / "x.jsonl"
     path.write_text("{}\n")
     assert main(["eval", str(path)]) == 2
     line = _one_line_error(capsys)
     assert "is a file, not a folder" in line and "no such" not in line
+
+
+def test_selfcheck_keep_a_file_exit_2(tmp_path, capsys):
+    path = tmp_path / "f"
+    path.write_text("")
+    assert main(["selfcheck", "--keep", str(path)]) == 2
+    assert "is a file" in _one_line_error(capsys)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -198,6 +199,13 @@ def run(args: argparse.Namespace) -> int:
         return 1
     from lld_monitor import __version__
 
+    keep = getattr(args, "keep", None)
+    if keep and Path(keep).exists() and not Path(keep).is_dir():
+        print(
+            f"selfcheck: --keep {keep} is a file; pass a folder (created if missing)",
+            file=sys.stderr,
+        )
+        return 2
     device = args.device
     try:
         torch.zeros(1, device=device)

@@ -78,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
         except FileExistsError as exc:
             print(f"lld-monitor simulate: {exc}", file=sys.stderr)
             return 2
+        except OSError as exc:  # OUT is a file, or a folder that cannot be created
+            print(f"lld-monitor simulate: cannot write under {out}: {exc}", file=sys.stderr)
+            return 2
         lab = r.labels
         collapse = lab["collapse_step"] if lab["collapse_step"] is not None else "-"
         print(
