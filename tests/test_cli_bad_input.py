@@ -7,6 +7,10 @@ Found in a new-user pass over the CLI; each case printed a traceback, a misleadi
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +73,24 @@ def test_selfcheck_keep_a_file_exit_2(tmp_path, capsys):
     path.write_text("")
     assert main(["selfcheck", "--keep", str(path)]) == 2
     assert "is a file" in _one_line_error(capsys)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("content", [b"", bytes(range(256)) * 8])
+def test_dashboard_on_an_unreadable_file_exits_2_without_a_server(tmp_path, content):
+    path = tmp_path / "x.log"
+    path.write_bytes(content)
+    cmd = [sys.executable, "-m", "lld_monitor.cli", "dashboard", str(path)]
+    cmd += ["--port", str(_free_port())]
+    # before the fix this started Streamlit and ran until killed (TimeoutExpired fails the test)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lld-monitor dashboard: ")
+    assert str(Path(path)) in lines[0]
+    assert "http://" not in proc.stdout

@@ -127,6 +127,15 @@ def run(args: argparse.Namespace) -> int:
             f"lld-monitor dashboard: no such run or folder: {', '.join(missing)}", file=sys.stderr
         )
         return 2
+    for p in args.paths:
+        if Path(p).is_file():
+            from lld_monitor.importers import ImportFormatError, detect_format
+
+            try:  # fail here, not in the page: a file named on the command line must be a log
+                detect_format(p)
+            except ImportFormatError as exc:
+                print(f"lld-monitor dashboard: {' '.join(str(exc).split())}", file=sys.stderr)
+                return 2
     try:
         app = find_app()
     except FileNotFoundError as exc:
