@@ -64,6 +64,7 @@ _STD_FIELDS: tuple[str, ...] = (
     "llds_lam",
     "grad_max",  # rank 0's max pre-clip grad norm over the step's updates
 )
+_STD_INDEX = {name: i for i, name in enumerate(_STD_FIELDS)}
 
 
 def _torch_dist() -> Any | None:
@@ -142,6 +143,7 @@ class _Acc:
         self.disp: torch.Tensor | None = None  # [K] displacement_sums of probed responses
         self.grad_max: float | torch.Tensor = float("nan")
         self.reward_fn: dict[str, torch.Tensor] = {}  # name -> [2] (sum, count)
+        self.groups: dict[tuple[str, ...], torch.Tensor] = {}  # field names -> [n] device sums
 
     def add(self, name: str, value: torch.Tensor | float) -> None:
         if isinstance(value, torch.Tensor):
@@ -150,24 +152,45 @@ class _Acc:
                 self.device = value.device
         self.std[name] = self.std.get(name, 0.0) + value
 
+    def add_group(self, names: tuple[str, ...], values: list[torch.Tensor]) -> None:
+        """Add device scalars to fields ``names`` with one stack and one add (per micro-batch)."""
+        v = torch.stack(values).detach().float()  # [n]
+        if self.device is None:
+            self.device = v.device
+        prev = self.groups.get(names)
+        self.groups[names] = v if prev is None else prev + v
+
     def vector(self, n_sum: int, device: torch.device) -> torch.Tensor:
-        """[len(_STD_FIELDS) + 2K] float64 vector of every sum (zeros where absent)."""
-        parts = []
-        for name in _STD_FIELDS:
+        """[len(_STD_FIELDS) + 2K] float64 vector of every sum (zeros where absent).
+
+        Packed with a handful of ops (one host-built vector for the plain floats, one stack for
+        the device scalars), not one small tensor per field: this runs every step.
+        """
+        n_std = len(_STD_FIELDS)
+        floats = [0.0] * n_std
+        t_idx: list[int] = []
+        t_val: list[torch.Tensor] = []
+        for i, name in enumerate(_STD_FIELDS):
             v = self.std.get(name, 0.0) if name != "grad_max" else self.grad_max
-            if isinstance(v, float) and math.isnan(v):
-                v = 0.0
-            parts.append(
-                v.to(device, torch.float64)
-                if isinstance(v, torch.Tensor)
-                else torch.tensor(float(v), dtype=torch.float64, device=device)
-            )
+            if isinstance(v, torch.Tensor):
+                t_idx.append(i)
+                t_val.append(v.reshape(()).float())  # add() made them float32 already: no op
+            elif not math.isnan(v):
+                floats[i] = v
+        std = torch.tensor(floats, dtype=torch.float64, device=device)  # [n_std]
+        if t_val:
+            idx = torch.tensor(t_idx, device=device)
+            std.index_copy_(0, idx, torch.stack(t_val).to(device, torch.float64))
+        for names, v in self.groups.items():
+            idx = torch.tensor([_STD_INDEX[n] for n in names], device=device)
+            std.index_add_(0, idx, v.to(device, torch.float64))
+        parts = [std]
         for sums in (self.conf, self.disp):
             if sums is None:
                 parts.append(torch.zeros(n_sum, dtype=torch.float64, device=device))
             else:
                 parts.append(sums.detach().to(device, torch.float64).reshape(-1))
-        return torch.cat([p.reshape(-1) for p in parts])
+        return torch.cat(parts)
 
 
 @dataclass(frozen=True)
@@ -549,7 +572,7 @@ class LLDMonitor:
             )
         logp_old = logp_old.detach()
         batch, device = logp_old.shape[0], logp_old.device
-        maskf = mask.to(device=device, dtype=logp_old.dtype)
+        maskf = mask.to(device=device, dtype=torch.float32)  # [B, L]; exact counts under bf16
         if rewards is not None:
             rewards = torch.as_tensor(rewards, device=device).detach().float().reshape(-1)
         if advantages is not None:
@@ -557,29 +580,31 @@ class LLDMonitor:
         correct = self.correct_mask(rewards, advantages, batch, device)
         acc = self._acc
         acc.add("n_resp", float(batch))
+        n_tok = maskf.sum()
+        names, vals = ["n_correct_resp", "length_sum"], [correct.sum(), n_tok]
         if rewards is not None:
             finite = torch.isfinite(rewards)
-            r = torch.where(finite, rewards, torch.zeros_like(rewards))
-            acc.add("n_rewarded", finite.sum())
-            acc.add("reward_sum", r.sum())
-            acc.add("reward_sq_sum", (r * r).sum())
-        acc.add("n_correct_resp", correct.sum())
-        acc.add("length_sum", maskf.sum())
+            r = torch.where(finite, rewards, 0.0)  # [B]
+            names += ["n_rewarded", "reward_sum", "reward_sq_sum"]
+            vals += [finite.sum(), r.sum(), r.dot(r)]
         if entropy is not None:
-            ent = entropy.detach()
+            ent = entropy.detach().float()
             if ent.dim() == 2:
-                acc.add("entropy_sum", (ent.float() * maskf).sum())
-                acc.add("entropy_count", maskf.sum())
+                names += ["entropy_sum", "entropy_count"]
+                vals += [(ent * maskf).sum(), n_tok]
             else:
-                acc.add("entropy_sum", ent.float().sum())
+                names.append("entropy_sum")
+                vals.append(ent.sum())
                 acc.add("entropy_count", float(ent.numel()))
         if kl is not None:
-            acc.add("kl_sum", (kl.detach().float() * maskf).sum())
-            acc.add("kl_count", maskf.sum())
+            names += ["kl_sum", "kl_count"]
+            vals += [(kl.detach().float() * maskf).sum(), n_tok]
         if num_searches is not None:
             ns = torch.as_tensor(num_searches, device=device).float().reshape(-1)
-            acc.add("searches_sum", ns.sum())
+            names.append("searches_sum")
+            vals.append(ns.sum())
             acc.add("searches_count", float(ns.numel()))
+        acc.add_group(tuple(names), [v.float() for v in vals])
         sums = displacement_sums(logp_old, None, mask.to(device), correct)
         acc.conf = sums if acc.conf is None else acc.conf + sums
         self._last_rollout = {

@@ -261,8 +261,9 @@ class GRPOAdapter(TrainerAdapter):
                 groups = total_all.view(-1, g)  # [N_all / G, G]
                 zero = (groups.nan_to_num().std(1) < 1e-8).float()
                 self.monitor.observe_groups(zero.sum(), zero.numel())
-        searches = self._valid_searches(out)  # [B]
+        searches = None  # [B]: no tool feedback in this batch means no searches (V = 0)
         if self._tool_counts is not None or out.get("tool_mask") is not None:
+            searches = self._valid_searches(out)  # [B]
             out[KEY_SEARCHES] = searches  # logged (num_searches) only when tools are in play
         gid = self._n_gen
         self._n_gen += 1
@@ -375,7 +376,8 @@ class GRPOAdapter(TrainerAdapter):
             if isinstance(weighting, str):
                 if gen is not None:
                     if "mean_searches" not in gen:
-                        gen["mean_searches"] = float(gen["searches"].float().mean())
+                        s = gen["searches"]
+                        gen["mean_searches"] = 0.0 if s is None else float(s.float().mean())
                     kw["mean_valid_searches"] = gen["mean_searches"]
                 else:  # a batch generated before attach: this micro-batch's own mean
                     rounds = searches if searches is not None else tool_rounds(mask)
