@@ -234,6 +234,14 @@ def _detect(path: Path) -> tuple[str, Any]:
             return _detect(state)
         if (path / "meta.json").is_file():  # a run without steps.jsonl: load_run says what is amiss
             return "lld_run", None
+        from lld_monitor.runlog import find_runs
+
+        runs = find_runs(path)
+        if runs:
+            raise ImportFormatError(
+                f"{path}: a folder of {len(runs)} runs, not one run; pass one of them "
+                f"(e.g. {runs[0]}), or view them all with `lld-monitor dashboard {path}`"
+            )
         raise ImportFormatError(
             f"{path}: folder holds no run log, TensorBoard events or trainer_state.json; "
             f"{_EXPECTED}"

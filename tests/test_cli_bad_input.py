@@ -94,3 +94,11 @@ def test_dashboard_on_an_unreadable_file_exits_2_without_a_server(tmp_path, cont
     assert len(lines) == 1 and lines[0].startswith("lld-monitor dashboard: ")
     assert str(Path(path)) in lines[0]
     assert "http://" not in proc.stdout
+
+
+def test_analyze_a_folder_of_runs_points_at_one_run(tmp_path, capsys):
+    for name in ("a", "b"):
+        write_run(make_run("healthy", 60, seed=1), tmp_path / "runs" / name)
+    assert main(["analyze", str(tmp_path / "runs")]) == 2
+    line = _one_line_error(capsys)
+    assert "folder of 2 runs" in line and str(tmp_path / "runs" / "a") in line
