@@ -192,7 +192,7 @@ def _summary_html(df: pd.DataFrame, analysis: Any) -> str:
     lines = [
         f"<p>source: {html.escape(str(attrs.get('source_path', '?')))} "
         f"({html.escape(str(attrs.get('source_format', '?')))}), {len(df)} steps</p>",
-        f"<p>collapse step: {getattr(analysis, 'collapse_step', None)}</p>",
+        f"<p>collapse: {_collapse_text(getattr(analysis, 'collapse_step', None))}</p>",
         "<p>signals used: "
         + html.escape(", ".join(getattr(analysis, "signals_used", []) or []) or "none")
         + "<br>signals missing: "
@@ -208,6 +208,11 @@ def _summary_html(df: pd.DataFrame, analysis: Any) -> str:
         )
         lines.append(f"<ul>{items}</ul>")
     return '<div style="font-family: sans-serif; margin: 1em">' + "".join(lines) + "</div>"
+
+
+def _collapse_text(step: int | None) -> str:
+    """'step N', or 'none detected' (as the CLI summary says), never Python's 'None'."""
+    return "none detected" if step is None else f"step {step}"
 
 
 def _has_values(df: pd.DataFrame, col: str) -> bool:
