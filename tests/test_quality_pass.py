@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pandas as pd
 
 from lld_monitor import columns as C
+from lld_monitor.analysis import PhaseDetector, analyze_run
 from lld_monitor.report import write_report
 
 
@@ -28,3 +29,15 @@ def test_html_header_says_none_detected_not_python_none(tmp_path):
     assert ": None<" not in page
     page = write_report(df, _analysis(2), tmp_path / "r2.html").read_text(encoding="utf-8")
     assert "collapse: step 2" in page
+
+
+def test_grad_norm_of_zero_counts_as_logged():
+    # A run whose every update had a zero gradient (all advantages 0) logged grad_norm = 0.0:
+    # the analyzer must not report the column as missing ("signals never seen with a finite value").
+    det = PhaseDetector()
+    for step in range(1, 31):
+        det.update({C.STEP: step, C.REWARD_MEAN: 0.0, C.GRAD_NORM: 0.0})
+    assert C.GRAD_NORM in det.signals_used
+    assert C.GRAD_NORM not in det.signals_missing
+    df = pd.DataFrame({C.STEP: range(1, 31), C.REWARD_MEAN: 0.0, C.GRAD_NORM: 0.0})
+    assert C.GRAD_NORM in analyze_run(df).signals_used

@@ -474,8 +474,9 @@ class PhaseDetector:
                     dc - E[_DC_S]
                 )
             L["dc"] = step
-        if fin(g) and g > 0.0:
-            seen.add(C.GRAD_NORM)
+        if fin(g):
+            seen.add(C.GRAD_NORM)  # 0 is a logged value (no gradient), not a missing one
+        if fin(g) and g > 0.0:  # the EMAs are geometric: log(0) is left out
             lg = math.log(g)
             last = L["g"]
             if last != last:
