@@ -102,3 +102,11 @@ def test_analyze_a_folder_of_runs_points_at_one_run(tmp_path, capsys):
     assert main(["analyze", str(tmp_path / "runs")]) == 2
     line = _one_line_error(capsys)
     assert "folder of 2 runs" in line and str(tmp_path / "runs" / "a") in line
+
+
+def test_selfcheck_keep_twice_in_one_folder_passes(tmp_path, capsys):
+    # a second check must not FAIL because the first one's kept run is still there
+    assert main(["selfcheck", "--keep", str(tmp_path)]) == 0
+    assert main(["selfcheck", "--keep", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["selfcheck_run", "selfcheck_run-2"]
+    assert "selfcheck: OK" in capsys.readouterr().out

@@ -156,7 +156,10 @@ def _check_runlog(device: str, keep: str | None) -> str:
     tokens = top_displaced_tokens(old, new, mask, 5, correct=correct)
 
     def write_and_read(root: Path) -> str:
-        path = root / "selfcheck_run"
+        path, n = root / "selfcheck_run", 1
+        while path.exists():  # a kept run of an earlier check stays; number the new one
+            n += 1
+            path = root / f"selfcheck_run-{n}"
         with RunWriter(path, meta={"trainer": "selfcheck"}) as writer:
             reader = RunReader(path)
             writer.log_step({C.STEP: 0, C.REWARD_MEAN: 2 / 3, **row})
