@@ -110,3 +110,11 @@ def test_selfcheck_keep_twice_in_one_folder_passes(tmp_path, capsys):
     assert main(["selfcheck", "--keep", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["selfcheck_run", "selfcheck_run-2"]
     assert "selfcheck: OK" in capsys.readouterr().out
+
+
+def test_simulate_twice_into_one_folder_gives_a_cli_hint(tmp_path, capsys):
+    assert main(["simulate", str(tmp_path), "--n", "1"]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(tmp_path), "--n", "1"]) == 2
+    line = _one_line_error(capsys)
+    assert "already holds a run" in line and "resume=True" not in line

@@ -75,8 +75,12 @@ def run(args: argparse.Namespace) -> int:
     for r in runs:
         try:
             write_run(r, out / r.name)
-        except FileExistsError as exc:
-            print(f"lld-monitor simulate: {exc}", file=sys.stderr)
+        except FileExistsError:  # the writer's hint (resume=True) is for the Python API
+            print(
+                f"lld-monitor simulate: {out / r.name} already holds a run; "
+                "pass another OUT folder or delete it",
+                file=sys.stderr,
+            )
             return 2
         except OSError as exc:  # OUT is a file, or a folder that cannot be created
             print(f"lld-monitor simulate: cannot write under {out}: {exc}", file=sys.stderr)
