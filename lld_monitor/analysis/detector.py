@@ -575,7 +575,7 @@ class PhaseDetector:
             alerts.append(self._phase_alert(istep, new, self._evidence()))
             self._phase = new
             since["below"] = _NAN
-        elif rank < cur:
+        elif rank < cur and not (cur == 3 and self._reward_still_fallen()):
             s = since["below"]
             if s != s:
                 since["below"] = step
@@ -601,6 +601,12 @@ class PhaseDetector:
         if cur == 0 and warm and target == 0:
             self._phase = self._base_phase()
         return alerts
+
+    def _reward_still_fallen(self) -> bool:
+        """True while the reward (fast EMA) stays below half its peak (the collapse-step rule):
+        a collapsed run whose reward never came back is not healthy once its signals go quiet."""
+        fall = self._ratios()[3]
+        return fall == fall and fall >= 0.5
 
     def _ratios(self) -> tuple[float, float, float, float]:
         """(grad fast/slow, entropy fast/slow, KL fast/slow, reward fall from its peak as a
