@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from lld_monitor import columns as C
 from lld_monitor.analysis import PhaseDetector, analyze_run
@@ -91,3 +92,12 @@ def test_a_run_whose_reward_came_back_leaves_collapse():
     alerts = [a for row in _collapse_then("recovered") for a in det.update(row)]
     assert "collapse" in [a.kind for a in alerts]
     assert det.phase != "collapse"
+
+
+def test_verl_config_errors_name_the_verl_keys():
+    # A verl user sets llds_gate=...; the message said only "gate must be one of ...".
+    pytest.importorskip("verl")
+    from lld_monitor.integrations import verl as lv
+
+    with pytest.raises(ValueError, match=r"policy_loss: gate must be one of .*llds_gate"):
+        lv.LLDSPolicyLossConfig(llds_gate="sentence")

@@ -277,13 +277,19 @@ def settings_from_config(config: Any) -> LLDSVerlSettings:
         lam = float(lam)
     enabled = pick("llds_enabled", base.llds.enabled)
     answer = pick("llds_answer_weighting", base.llds.answer_weighting)
-    llds = LLDSConfig(
-        lam=lam,
-        gate=pick("llds_gate", base.llds.gate),
-        normalize=pick("llds_normalize", base.llds.normalize),
-        answer_weighting=_parse_answer_weighting(answer),
-        enabled=bool(enabled) if isinstance(enabled, bool | int) else enabled,
-    )
+    try:
+        llds = LLDSConfig(
+            lam=lam,
+            gate=pick("llds_gate", base.llds.gate),
+            normalize=pick("llds_normalize", base.llds.normalize),
+            answer_weighting=_parse_answer_weighting(answer),
+            enabled=bool(enabled) if isinstance(enabled, bool | int) else enabled,
+        )
+    except ValueError as exc:  # LLDSConfig names its own fields (gate); name the verl keys
+        raise ValueError(
+            f"actor_rollout_ref.actor.policy_loss: {exc} (verl keys: llds_lambda, llds_gate, "
+            "llds_normalize, llds_answer_weighting, llds_enabled)"
+        ) from exc
     return LLDSVerlSettings(
         base_loss_mode=pick("base_loss_mode", base.base_loss_mode),
         llds=llds,
