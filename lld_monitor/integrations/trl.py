@@ -227,8 +227,9 @@ class GRPOAdapter(TrainerAdapter):
     def _tool_call_loop(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def _tool_call_loop(*args: Any, **kwargs: Any) -> Any:
             out = original(*args, **kwargs)
-            # (tool_mask, completions, completion_ids, logprobs, calls, failures, images)
-            self._tool_counts = (int(out[4]), int(out[5]))
+            with self.hook("tool counts"):
+                # (tool_mask, completions, completion_ids, logprobs, calls, failures, images)
+                self._tool_counts = (int(out[4]), int(out[5]))
             return out
 
         return _tool_call_loop
