@@ -222,10 +222,13 @@ def render_drilldown(runs: list[sources.LiveRun]) -> None:
         st.error(f"Cannot list token samples of {md(name)}: {md(exc)}")
         return
     if not steps:
-        st.info(
-            f"{md(name)} has no token samples yet (they are written for probed steps when the "
-            "monitor measures displacement)."
-        )
+        if live.meta.get("simulated"):  # "yet" would promise samples that never come
+            st.info(f"{md(name)} is a simulated run: it has step rows only, no token samples.")
+        else:
+            st.info(
+                f"{md(name)} has no token samples yet (they are written for probed steps when "
+                "the monitor measures displacement)."
+            )
         return
     key = f"lld_drill_step:{name}"
     kept = st.session_state.get(f"{key}:kept")

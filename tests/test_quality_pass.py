@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
+from streamlit.testing.v1 import AppTest
 
 from lld_monitor import columns as C
 from lld_monitor.analysis import PhaseDetector, analyze_run
 from lld_monitor.report import write_report
+from lld_monitor.testing import make_run, write_run
 
 
 def _analysis(collapse_step: int | None) -> SimpleNamespace:
@@ -101,3 +105,13 @@ def test_verl_config_errors_name_the_verl_keys():
 
     with pytest.raises(ValueError, match=r"policy_loss: gate must be one of .*llds_gate"):
         lv.LLDSPolicyLossConfig(llds_gate="sentence")
+
+
+def test_dashboard_drilldown_of_a_simulated_run_does_not_promise_samples(tmp_path, monkeypatch):
+    write_run(make_run("healthy", 60, seed=1), tmp_path / "sim")
+    monkeypatch.setattr(sys, "argv", ["app.py", str(tmp_path)])
+    app = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+    at = AppTest.from_file(str(app), default_timeout=60).run()
+    infos = [i.value for i in at.info]
+    assert any("is a simulated run" in i and "no token samples" in i for i in infos), infos
+    assert not any("no token samples yet" in i for i in infos)
