@@ -243,6 +243,7 @@ class LLDMonitor:
         sinks: Sequence[Any] = (),
         detector: Any = True,
         auto_llds: bool = False,
+        auto_llds_on: Sequence[str] = AUTO_LLDS_KINDS,
         stop_on_collapse: bool = False,
         checkpoint_on_collapse: bool = False,
         token_samples_per_step: int = 4,
@@ -272,6 +273,13 @@ class LLDMonitor:
         self.correct_threshold = float(correct_threshold)
         self.sinks = list(sinks)
         self.auto_llds = bool(auto_llds)
+        known = ("stagnation", "decay", "collapse")
+        if isinstance(auto_llds_on, str) or not set(auto_llds_on) <= set(known):
+            raise ValueError(
+                f"auto_llds_on must be a sequence of alert kinds from {known} (default "
+                f"{AUTO_LLDS_KINDS}), got {auto_llds_on!r}"
+            )
+        self.auto_llds_on = tuple(auto_llds_on)
         self.stop_on_collapse = bool(stop_on_collapse)
         self.checkpoint_on_collapse = bool(checkpoint_on_collapse)
         self.token_samples_per_step = int(token_samples_per_step)
@@ -383,6 +391,7 @@ class LLDMonitor:
             "correct_threshold": self.correct_threshold,
             "correct_fn": getattr(self.correct_fn, "__name__", None),
             "auto_llds": self.auto_llds,
+            "auto_llds_on": list(self.auto_llds_on),
             "stop_on_collapse": self.stop_on_collapse,
             "checkpoint_on_collapse": self.checkpoint_on_collapse,
             "token_samples_per_step": self.token_samples_per_step,
@@ -1145,7 +1154,7 @@ class LLDMonitor:
     def decide(self, alert: Alert) -> list[tuple[str, str]]:
         """The actions this monitor's settings take on ``alert``: ``[(action, reason), ...]``."""
         actions = []
-        if self.auto_llds and alert.kind in AUTO_LLDS_KINDS and not self.llds.enabled:
+        if self.auto_llds and alert.kind in self.auto_llds_on and not self.llds.enabled:
             actions.append(
                 ("llds_enable", f"auto_llds on a {alert.kind} alert at step {alert.step}")
             )

@@ -193,6 +193,29 @@ def test_alerts_drive_actions_with_reasons(tmp_path: Any) -> None:
     ]
 
 
+def test_auto_llds_on_chooses_the_trigger_kinds(tmp_path: Any) -> None:
+    # default triggers: a collapse alert does not enable LLDS; with "collapse" added it does
+    collapse = Alert(3, "collapse", "critical", "reward halved", {})
+    default = LLDMonitor(tmp_path / "a", detector=None, auto_llds=True, strict=True)
+    assert default.decide(collapse) == []
+    wide = LLDMonitor(
+        tmp_path / "b",
+        detector=_ScriptedDetector({3: [collapse]}),
+        auto_llds=True,
+        auto_llds_on=("stagnation", "decay", "collapse"),
+        strict=True,
+    )
+    assert wide.decide(collapse) == [("llds_enable", "auto_llds on a collapse alert at step 3")]
+    wide.end_step(step=3)
+    assert wide.llds.enabled and wide.llds.lam == pytest.approx(0.2)
+    wide.close()
+    default.close()
+    with pytest.raises(ValueError, match="auto_llds_on"):
+        LLDMonitor(tmp_path / "c", auto_llds_on="collapse")
+    with pytest.raises(ValueError, match="auto_llds_on"):
+        LLDMonitor(tmp_path / "d", auto_llds_on=("nonfinite",))
+
+
 def test_correct_fn_and_advantage_fallback(tmp_path: Any) -> None:
     b = _batch()
     monitor = LLDMonitor(tmp_path / "run", detector=None, strict=True)
