@@ -71,6 +71,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "setting (lr 3e-3, 32 updates per rollout batch) on which vanilla GRPO collapses (see "
         "sample_runs/README.md)",
     )
+    parser.add_argument(
+        "--auto-on",
+        default="stagnation,decay",
+        metavar="KINDS",
+        help="with --llds auto: comma-separated alert kinds that switch LLDS on (from "
+        "stagnation, decay, collapse; default stagnation,decay; the spiral presets skip the early "
+        "phases, so add collapse there)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -111,14 +119,30 @@ def run(args: argparse.Namespace) -> int:
         f"{cfg.prompts_per_update * cfg.steps_per_generation} prompts x {cfg.num_generations}), "
         f"LLDS {args.llds}, seed {args.seed}, preset {args.preset}\n  run folder: {out}"
     )
+    auto_on = tuple(k.strip() for k in args.auto_on.split(",") if k.strip())
+    bad = sorted(set(auto_on) - {"stagnation", "decay", "collapse"})
+    if bad or not auto_on:
+        print(
+            f"lld-monitor demo: --auto-on takes kinds from stagnation, decay, collapse; got "
+            f"{args.auto_on!r}",
+            file=sys.stderr,
+        )
+        return 2
     words = ["--steps", str(args.steps), "--seed", str(args.seed), "--llds", args.llds]
+    if args.llds == "auto" and auto_on != ("stagnation", "decay"):
+        words += ["--auto-on", ",".join(auto_on)]
     if args.preset != "default":
         words += ["--preset", args.preset]
     if args.sft_steps is not None:
         words += ["--sft-steps", str(args.sft_steps)]
     command = "lld-monitor demo " + " ".join(shlex.quote(a) for a in words)
     result = monitored_run(
-        cfg, out, llds=args.llds, progress=not args.quiet, meta={"command": command}
+        cfg,
+        out,
+        llds=args.llds,
+        progress=not args.quiet,
+        meta={"command": command},
+        auto_llds_on=auto_on,
     )
     start, final = result["start_eval"], result["final_eval"]
     print(
@@ -128,13 +152,13 @@ def run(args: argparse.Namespace) -> int:
         f"{final.get('accuracy_2hop', float('nan')):.2f})\n"
         f"searches per answer: {start['searches']:.2f} -> {final['searches']:.2f}\n"
     )
-    _print_interventions(out, args.llds)
+    _print_interventions(out, args.llds, auto_on)
     _print_analysis(out)
     print(f"\nOpen the dashboard on this run:\n  lld-monitor dashboard {shlex.quote(str(out))}")
     return 0
 
 
-def _print_interventions(out: Path, llds: str) -> None:
+def _print_interventions(out: Path, llds: str, auto_on: tuple[str, ...]) -> None:
     """What the monitor did to the run (LLDS switched on or off, stop), from its event log."""
     from lld_monitor import columns as C
     from lld_monitor.runlog import load_run
@@ -148,9 +172,10 @@ def _print_interventions(out: Path, llds: str) -> None:
         step, kind, msg = ev[C.EVENT_STEP], ev[C.EVENT_KIND], ev[C.EVENT_MESSAGE]
         print(f"monitor action at step {step}: {kind} ({msg})")
     if llds == "auto" and acts.empty:
+        kinds = " or ".join(auto_on)
         print(
-            "monitor action: none; automatic LLDS stayed off (it switches on at a stagnation or "
-            "decay alert, and none was raised)"
+            f"monitor action: none; automatic LLDS stayed off (it switches on at a {kinds} "
+            "alert, and none was raised)"
         )
 
 

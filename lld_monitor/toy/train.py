@@ -355,11 +355,12 @@ def monitored_run(
     token_samples_per_step: int = 4,
     meta: dict[str, Any] | None = None,
     setup: ToySetup | None = None,
+    auto_llds_on: tuple[str, ...] = ("stagnation", "decay"),
 ) -> dict[str, Any]:
     """A toy run with ``LLDMonitor`` attached, writing its run log to ``run_dir``.
 
     ``llds``: ``"off"`` (vanilla GRPO, still measured), ``"on"`` (LLDS from the first step) or
-    ``"auto"`` (the monitor switches LLDS on at a stagnation or decay alert). Also writes
+    ``"auto"`` (the monitor switches LLDS on at an alert of a kind in ``auto_llds_on``). Also writes
     ``toy_summary.json`` (config, start and final accuracy, wall time) into ``run_dir``.
     ``setup`` reuses a warm-started policy (it is trained in place; pass a copy to pair runs).
     """
@@ -377,6 +378,7 @@ def monitored_run(
         run_dir,
         llds=LLDSConfig(lam=lam, enabled=(llds == "on")),
         auto_llds=(llds == "auto"),
+        auto_llds_on=auto_llds_on,
         probe_fraction=1.0,
         token_samples_per_step=token_samples_per_step,
         meta={"toy_config": cfg.to_dict(), "llds_mode": llds, **(meta or {})},
