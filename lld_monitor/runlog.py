@@ -229,6 +229,36 @@ def _read_closed(path: Path) -> dict[str, Any] | None:
 # --- the writer ---------------------------------------------------------------------------------
 
 
+def _token_parquet(rows: pd.DataFrame | list[dict[str, Any]], step: int) -> bytes | None:
+    """Token rows as Parquet bytes, token columns first, ``step`` set; None when empty.
+
+    A list of dicts goes straight to Arrow (no pandas frame: this runs once per probed step).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if isinstance(rows, pd.DataFrame):
+        if rows.empty:
+            return None
+        frame = rows.copy()
+        frame[C.TOK_STEP] = step
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+    else:
+        rows = list(rows)
+        if not rows:
+            return None
+        keys = dict.fromkeys(k for r in rows for k in r)
+        keys[C.TOK_STEP] = None
+        columns = {k: [r.get(k) for r in rows] for k in keys}
+        columns[C.TOK_STEP] = [step] * len(rows)
+        table = pa.table(columns)
+    ordered = [c for c in C.TOKEN_COLUMNS if c in table.column_names]
+    table = table.select(ordered + [c for c in table.column_names if c not in ordered])
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
 class RunWriter:
     """Append-only writer of one run folder; thread-safe; one writer per folder (rank 0)."""
 
@@ -397,15 +427,9 @@ class RunWriter:
     def log_tokens(self, rows: pd.DataFrame | list[dict[str, Any]], step: int) -> bool:
         """Store token rows of ``step`` as one Parquet file; False if dropped (budget) or empty."""
         step = _as_step(step)
-        frame = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
-        if frame.empty:
+        data = _token_parquet(rows, step)
+        if data is None:
             return False
-        frame[C.TOK_STEP] = step
-        ordered = [c for c in C.TOKEN_COLUMNS if c in frame.columns]
-        frame = frame[ordered + [c for c in frame.columns if c not in ordered]]
-        buf = io.BytesIO()
-        frame.to_parquet(buf, index=False)
-        data = buf.getvalue()
         with self._lock:
             self._require_open()
             if self._token_bytes + len(data) > self.token_budget_bytes:
