@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import threading
 import time
 import traceback
@@ -268,6 +269,17 @@ class LLDMonitor:
         if llds is not None and not isinstance(llds, LLDSConfig):
             raise ValueError("llds must be an lld_monitor.LLDSConfig or None")
         self.run_dir = Path(run_dir)
+        launched_rank = os.environ.get("RANK", "0")  # set by torchrun/accelerate before init
+        if (
+            _rank() == 0
+            and launched_rank == "0"
+            and ((self.run_dir / "steps.jsonl").exists() or (self.run_dir / "meta.json").exists())
+        ):
+            # fail here, not at the first step (where the error would be reported and swallowed)
+            raise FileExistsError(
+                f"{self.run_dir} already holds a run; give the monitor a new folder (or delete "
+                "that one): a run folder is written once"
+            )
         self.probe_fraction = float(probe_fraction)
         self.correct_fn = correct_fn
         self.correct_threshold = float(correct_threshold)
@@ -1136,7 +1148,9 @@ class LLDMonitor:
                         "phase",
                         step,
                         str(phase),
-                        f"phase {self._phase} -> {phase}",
+                        f"phase {self._phase} -> {phase}"
+                        if self._phase is not None
+                        else f"phase {phase} at the first analysed step",
                         "info",
                         {"previous": self._phase},
                     )

@@ -426,3 +426,13 @@ def test_without_completion_mask_or_correct_responses(tmp_path: Any) -> None:
     assert tokens[C.TOK_TEXT].tolist() == ["", ""] and tokens[C.TOK_TOKEN_ID].tolist() == [-1, -1]
     assert tokens[C.TOK_CORRECT].tolist() == [0, 0]
     assert tokens[C.TOK_REWARD].tolist() == [0.0, 0.0] and C.TOK_ADVANTAGE not in tokens
+
+
+def test_a_folder_that_holds_a_run_is_refused_at_construction(tmp_path: Any) -> None:
+    # a monitor writing into an existing run would fail at every step (and, non-strict, record
+    # nothing): refuse it up front with a message that says what to do
+    first = LLDMonitor(tmp_path / "run", detector=None, strict=True)
+    first.end_step(step=0)
+    first.close()
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        LLDMonitor(tmp_path / "run")
