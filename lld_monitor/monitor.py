@@ -76,6 +76,15 @@ def _torch_dist() -> Any | None:
     return None
 
 
+def _check_completion_mask(completion_mask: torch.Tensor | None, ref: torch.Tensor) -> None:
+    """ValueError unless ``completion_mask`` is None or [B, L] like ``ref``."""
+    if completion_mask is not None and completion_mask.shape != ref.shape:
+        raise ValueError(
+            f"completion_mask must be [B, L] = {list(ref.shape)} like the log-probs and mask, got "
+            f"{tuple(completion_mask.shape)} (1 on every completion position, 0 on padding)"
+        )
+
+
 def _rank() -> int:
     dist = _torch_dist()
     return dist.get_rank() if dist is not None else 0
@@ -586,11 +595,7 @@ class LLDMonitor:
                 f"logp_old and mask must both be [B, L], got {tuple(logp_old.shape)} and "
                 f"{tuple(mask.shape)}"
             )
-        if completion_mask is not None and completion_mask.shape != mask.shape:
-            raise ValueError(
-                f"completion_mask must be [B, L] like mask {tuple(mask.shape)}, got "
-                f"{tuple(completion_mask.shape)} (1 on every completion position, 0 on padding)"
-            )
+        _check_completion_mask(completion_mask, mask)
         logp_old = logp_old.detach()
         batch, device = logp_old.shape[0], logp_old.device
         maskf = mask.to(device=device, dtype=torch.float32)  # [B, L]; exact counts under bf16
@@ -761,11 +766,7 @@ class LLDMonitor:
                 f"logp_new {tuple(logp_new.shape)} must match the rollout's logp_old "
                 f"{tuple(logp_old.shape)} (same rows, same token positions)"
             )
-        if completion_mask is not None and completion_mask.shape != logp_old.shape:
-            raise ValueError(
-                f"completion_mask {tuple(completion_mask.shape)} must match logp_old "
-                f"{tuple(logp_old.shape)} (1 on every completion position, 0 on padding)"
-            )
+        _check_completion_mask(completion_mask, logp_old)
         sums = displacement_sums(logp_old, logp_new, mask, correct)
         acc = self._acc
         acc.disp = sums if acc.disp is None else acc.disp + sums
