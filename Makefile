@@ -47,7 +47,7 @@ test-core: venv browser
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q
 
 test-verl: verl-venv
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VERL_PY) -m pytest -q tests/test_verl.py
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VERL_PY) -m pytest -q -m verl tests/
 
 lint: venv
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -98,6 +98,7 @@ def test_a_run_whose_reward_came_back_leaves_collapse():
     assert det.phase != "collapse"
 
 
+@pytest.mark.verl
 def test_verl_config_errors_name_the_verl_keys():
     # A verl user sets llds_gate=...; the message said only "gate must be one of ...".
     pytest.importorskip("verl")
