@@ -295,7 +295,11 @@ def _run_traces(
         for column, dash in panel.series:
             if not _has_data(steps, column):
                 continue
-            y_all = steps[column].to_numpy(dtype=float)
+            y_col = steps[column].to_numpy(dtype=float)
+            # a column logged on some steps only (the probe runs once per rollout batch) would
+            # draw nothing as a line broken by NaN: plot its logged points, joined
+            logged = ~np.isnan(y_col)
+            x_col, y_all = x_all[logged], y_col[logged]
             common = {
                 "type": "scatter",
                 "mode": "lines",
@@ -306,7 +310,7 @@ def _run_traces(
             }
             name = f"{run.name} · {column}"
             if show_raw or not smooth:
-                x, y = decimate(x_all, y_all, max_points)
+                x, y = decimate(x_col, y_all, max_points)
                 out.append(
                     {
                         **common,
@@ -319,7 +323,7 @@ def _run_traces(
                     }
                 )
             if smooth:
-                x, y = decimate(x_all, ema(y_all, ema_weight), max_points)
+                x, y = decimate(x_col, ema(y_all, ema_weight), max_points)
                 out.append(
                     {
                         **common,

@@ -562,3 +562,22 @@ def test_reanalysis_runs_in_the_background(tmp_path: Path) -> None:
     ]
     assert live.analysis.phases[-1].end_step == 59
     w.close()
+
+
+def test_sparse_column_draws_its_logged_points() -> None:
+    # delta_correct logged on steps 4, 8, 12 only (one probe per rollout batch of 4 updates):
+    # the trace must hold exactly those 3 points (a NaN-broken line would draw nothing)
+    steps = pd.DataFrame(
+        {
+            C.STEP: np.arange(1, 13),
+            C.REWARD_MEAN: np.linspace(0.1, 0.6, 12),
+            C.DELTA_CORRECT: [np.nan, np.nan, np.nan, -1.0] * 2 + [np.nan, np.nan, np.nan, 0.5],
+        }
+    )
+    fig = charts.build_figure([charts.RunSeries("r", steps)], ema_weight=0.0)
+    traces = [t for t in fig.data if t.name == f"r · {C.DELTA_CORRECT}"]
+    assert len(traces) == 1
+    assert list(traces[0].x) == [4.0, 8.0, 12.0]
+    assert list(traces[0].y) == [-1.0, -1.0, 0.5]
+    reward = next(t for t in fig.data if t.name == f"r · {C.REWARD_MEAN}")
+    assert len(reward.x) == 12
