@@ -672,8 +672,27 @@ def _read_tokens(path: Path, step: int | None) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+class _RunFiles:
+    """What both a loaded ``Run`` and a live ``RunReader`` read straight from the folder."""
+
+    path: Path
+
+    @property
+    def last_modified(self) -> float:
+        """UNIX time of the last write to the step log (tells a live run from a stale one)."""
+        return (self.path / STEPS_FILE).stat().st_mtime
+
+    def tokens(self, step: int | None = None) -> pd.DataFrame:
+        """Token samples (columns.TOKEN_COLUMNS), all of them or those of one ``step``."""
+        return _read_tokens(self.path, step)
+
+    def token_steps(self) -> list[int]:
+        """Steps that have token samples, ascending."""
+        return sorted({s for s, _ in _token_files(self.path)})
+
+
 @dataclass(frozen=True, eq=False)
-class Run:
+class Run(_RunFiles):
     """A run folder loaded in full: meta, steps (sorted by step), events; tokens on demand."""
 
     path: Path
@@ -697,19 +716,6 @@ class Run:
         return (
             f"Run({str(self.path)!r}, {len(self.steps)} steps, {len(self.events)} events, {state})"
         )
-
-    @property
-    def last_modified(self) -> float:
-        """UNIX time of the last write to the step log (tells a live run from a stale one)."""
-        return (self.path / STEPS_FILE).stat().st_mtime
-
-    def tokens(self, step: int | None = None) -> pd.DataFrame:
-        """Token samples (columns.TOKEN_COLUMNS), all of them or those of one ``step``."""
-        return _read_tokens(self.path, step)
-
-    def token_steps(self) -> list[int]:
-        """Steps that have token samples, ascending."""
-        return sorted({s for s, _ in _token_files(self.path)})
 
 
 def _read_jsonl(file: Path) -> tuple[list[dict[str, Any]], int]:
@@ -764,7 +770,7 @@ def _warn_skipped(path: Path, skipped: Mapping[str, int]) -> None:
         )
 
 
-class RunReader:
+class RunReader(_RunFiles):
     """Incremental reader of a live run: each read returns only rows appended since the last."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -808,19 +814,6 @@ class RunReader:
         self._offsets[STEPS_FILE] = offset + consumed
         self.skipped_lines[STEPS_FILE] += skipped
         return frame.reset_index(drop=True)
-
-    @property
-    def last_modified(self) -> float:
-        """UNIX time of the last write to the step log (tells a live run from a stale one)."""
-        return (self.path / STEPS_FILE).stat().st_mtime
-
-    def tokens(self, step: int | None = None) -> pd.DataFrame:
-        """Token samples (columns.TOKEN_COLUMNS), all of them or those of one ``step``."""
-        return _read_tokens(self.path, step)
-
-    def token_steps(self) -> list[int]:
-        """Steps that have token samples, ascending."""
-        return sorted({s for s, _ in _token_files(self.path)})
 
     def read_events(self) -> pd.DataFrame:
         """Events appended since the last call, in write order."""
