@@ -365,3 +365,65 @@ def test_analyzer_never_imports_torch(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+# --- the paper's indicator: displaced share of correct responses -------------------------------
+
+
+def _probe_rows(probes, lr=1e-4):
+    """One row per probe: (step, share, n_correct)."""
+    return [
+        {C.STEP: s, C.FRAC_CORRECT_DISPLACED: f, C.N_CORRECT: n, C.LEARNING_RATE: lr}
+        for s, f, n in probes
+    ]
+
+
+def test_displacement_alert_pooled_counts_by_hand():
+    # probe 1: 12 of 19 displaced: z = (12 - 9.5) / sqrt(0.25 * 19) = 1.147 < 1.645: no alert
+    # probe 2: 6 of 8, pooled with weight 0.5: K = 6 + 6 = 12, N = 9.5 + 8 = 17.5,
+    # S2 = 0.25 * 19 + 8 = 12.75, z = (12 - 8.75) / sqrt(0.25 * 12.75) = 1.8203 -> alert
+    det = PhaseDetector()
+    rows = _probe_rows([(32, 12 / 19, 19), (64, 6 / 8, 8)])
+    assert det.update(rows[0]) == []
+    (alert,) = det.update(rows[1])
+    assert alert.kind == "displacement" and alert.severity == "warning" and alert.step == 64
+    assert alert.evidence["displaced_z"] == pytest.approx(3.25 / math.sqrt(0.25 * 12.75))
+    assert alert.evidence["displaced_pooled_share"] == pytest.approx(12 / 17.5)
+    assert "6 of 8 at step 64" in alert.message and "12 of 19 at step 32" in alert.message
+
+
+def test_displacement_not_evidence_when_optimizer_did_not_step_or_repeated():
+    det = PhaseDetector()
+    # the same probe value on every row of its rollout batch counts once; lr 0 rows not at all
+    rows = _probe_rows([(32, 12 / 19, 19), (33, 12 / 19, 19), (34, 12 / 19, 19)])
+    rows += _probe_rows([(40, 1.0, 30)], lr=0.0)
+    assert [a for r in rows for a in det.update(r)] == []
+    assert det._displaced.n == pytest.approx(19.0)
+
+
+def test_displacement_half_or_below_never_fires_and_rearms():
+    det = PhaseDetector()
+    alerts = []
+    # a share at or below one half never fires, however many responses
+    for s in range(1, 40):
+        alerts += det.update(
+            _probe_rows([(s * 8, 0.5, 1000)])[0] | {C.FRAC_CORRECT_DISPLACED: 0.5 - 1e-3 * (s % 2)}
+        )
+    assert alerts == []
+    fire = _probe_rows([(400, 0.9, 50), (408, 0.9, 51)])
+    assert [a.kind for r in fire for a in det.update(r)] == ["displacement"]  # once per episode
+    calm = _probe_rows([(416, 0.1, 50), (424, 0.1, 51)])
+    assert [a for r in calm for a in det.update(r)] == []
+    again = _probe_rows([(432, 0.95, 60), (440, 0.95, 61)])
+    assert [a.kind for r in again for a in det.update(r)] == ["displacement"]  # re-armed
+
+
+def test_displacement_silent_on_healthy_toy_runs_and_state_round_trip(tmp_path):
+    from lld_monitor.runlog import load_run
+
+    for seed in (0, 1, 2):
+        steps = load_run(f"sample_runs/real/toy-llds-off-seed{seed}").steps
+        alerts, _, det = _replay(steps)
+        assert "displacement" not in {a.kind for a in alerts}
+    det2 = PhaseDetector.from_state_dict(json.loads(json.dumps(det.state_dict())))
+    assert det2.state_dict() == det.state_dict()

@@ -38,6 +38,8 @@ INPUT_COLUMNS: tuple[str, ...] = (
     C.LOSS,
     C.FRAC_ZERO_STD_GROUPS,
     C.REWARD_STD,
+    C.N_CORRECT,
+    C.LEARNING_RATE,
 )
 
 
@@ -60,6 +62,9 @@ class DetectorConfig:
     decay_min_drop: float = 0.025  # nats/token: minimum logp_correct drop over the window
     collapse_drop: float = 0.05  # nats/token: logp_correct drop over short_steps that is sharp
     displaced_frac: float = 0.5  # share of correct responses displaced (paper's > 50%)
+    displaced_z: float = 1.645  # one-sided z of the pooled displaced share above displaced_frac
+    displaced_memory: float = 0.5  # weight kept per probe by the pooled displaced counts
+    displaced_default_n: float = 8.0  # correct responses assumed per probe without n_correct
     grad_surge_ratio: float = 2.0  # fast / slow grad norm (geometric EMAs)
     entropy_rise_ratio: float = 1.15  # fast / slow entropy
     reward_fall_frac: float = 0.15  # reward EMA below its peak by this share of max(|peak|, gain)
@@ -78,6 +83,10 @@ class DetectorConfig:
             v = getattr(self, f.name)
             if not isinstance(v, int | float) or isinstance(v, bool) or not v > 0:
                 raise ValueError(f"DetectorConfig.{f.name} must be a positive number, got {v!r}")
+        if self.displaced_memory > 1.0 or self.displaced_frac >= 1.0:
+            raise ValueError(
+                "DetectorConfig.displaced_memory and displaced_frac must be <= 1 / < 1"
+            )
         if self.short_steps > self.window_steps:
             raise ValueError("DetectorConfig.short_steps must not exceed window_steps")
 
@@ -167,6 +176,84 @@ class _RollingOLS:
         self.buf = deque((_dec(x), _dec(y)) for x, y in d["buf"])
         self.s = [_dec(v) for v in d["s"]]
         self.n_since = int(d["n_since"])
+
+
+class _DisplacedShare:
+    """The paper's indicator as a test: is the share of correct responses displaced above
+    ``frac`` (0.5), with evidence in counts?
+
+    Each probe gives ``k`` displaced out of ``n`` correct responses (``n`` from ``n_correct``,
+    else ``default_n``). Counts are pooled with weight ``memory`` per earlier probe (half-life
+    of about one probe at 0.5), so one large rollout batch or two consecutive small ones can
+    carry the evidence; a probe that repeats the previous one exactly (a rollout batch's value
+    logged on each of its rows) is not counted again. It fires when the latest probe and the
+    pooled share are above ``frac`` and the pooled one-sided z (binomial variance at ``frac``,
+    weights squared) reaches ``z``; it re-arms once the pooled share is back below ``frac``.
+    """
+
+    __slots__ = ("default_n", "fired", "frac", "k", "last", "memory", "n", "probes", "s2", "z")
+
+    def __init__(self, frac: float, z: float, memory: float, default_n: float) -> None:
+        self.frac, self.z, self.memory, self.default_n = frac, z, memory, default_n
+        self.k = self.n = self.s2 = 0.0  # weighted displaced, weighted correct, sum w^2 n
+        self.last: tuple[float, float] = (_NAN, _NAN)
+        self.probes: deque[tuple[float, float, float]] = deque(maxlen=4)  # (step, k, n)
+        self.fired = False
+
+    def push(self, step: float, share: float, n_correct: float) -> bool:
+        """Add one probe; True when the test newly fires."""
+        n = n_correct if n_correct == n_correct and n_correct > 0 else self.default_n
+        if (share, n_correct) == self.last or not 0.0 <= share <= 1.0:
+            return False
+        self.last = (share, n_correct)
+        k = share * n
+        m = self.memory
+        self.k = m * self.k + k
+        self.n = m * self.n + n
+        self.s2 = m * m * self.s2 + n
+        self.probes.append((step, k, n))
+        pooled = self.k / self.n
+        if self.fired:
+            if pooled < self.frac:
+                self.fired = False
+            return False
+        if share > self.frac and pooled > self.frac and self.stat() >= self.z:
+            self.fired = True
+            return True
+        return False
+
+    def stat(self) -> float:
+        """One-sided z of the pooled share against ``frac``."""
+        if self.s2 <= 0.0:
+            return _NAN
+        f = self.frac
+        return (self.k - f * self.n) / math.sqrt(f * (1.0 - f) * self.s2)
+
+    def evidence(self) -> dict[str, Any]:
+        return {
+            "displaced_share": self.probes[-1][1] / self.probes[-1][2] if self.probes else _NAN,
+            "displaced_pooled_share": self.k / self.n if self.n > 0 else _NAN,
+            "displaced_pooled_n": self.n,
+            "displaced_z": self.stat(),
+            "displaced_probes": [[int(s), round(k, 3), round(n, 3)] for s, k, n in self.probes],
+        }
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "k": self.k,
+            "n": self.n,
+            "s2": self.s2,
+            "last": [_enc(v) for v in self.last],
+            "probes": [list(p) for p in self.probes],
+            "fired": self.fired,
+        }
+
+    def load(self, d: Mapping[str, Any]) -> None:
+        self.k, self.n, self.s2 = float(d["k"]), float(d["n"]), float(d["s2"])
+        a, b = (_dec(v) for v in d["last"])
+        self.last = (a, b)
+        self.probes = deque((tuple(map(float, p)) for p in d["probes"]), maxlen=4)
+        self.fired = bool(d["fired"])
 
 
 def _enc(v: float) -> float | str | None:
@@ -268,6 +355,9 @@ class PhaseDetector:
         }
         self._below_rank = 0
         self._fired: dict[str, bool] = {k: False for k in ("nonfinite", *_FAILURES)}
+        self._displaced = _DisplacedShare(
+            cfg.displaced_frac, cfg.displaced_z, cfg.displaced_memory, cfg.displaced_default_n
+        )
 
     @property
     def phase(self) -> str:
@@ -339,6 +429,7 @@ class PhaseDetector:
             "since": {k: _enc(v) for k, v in self._since.items()},
             "below_rank": self._below_rank,
             "fired": dict(self._fired),
+            "displaced": self._displaced.state(),
         }
 
     @classmethod
@@ -378,6 +469,7 @@ class PhaseDetector:
         self._since = {k: _dec(v) for k, v in state["since"].items()}
         self._below_rank = int(state["below_rank"])
         self._fired = {k: bool(v) for k, v in state["fired"].items()}
+        self._displaced.load(state["displaced"])
 
     # --- the work -----------------------------------------------------------------------------
     def _weights(self, dt: float) -> tuple[float, float, float]:
@@ -400,7 +492,7 @@ class PhaseDetector:
         if step <= self._last_step:
             return []
         cfg = self.config
-        rw, lp, fd, dc, g, h, kl, ln, loss, zstd, rstd = v
+        rw, lp, fd, dc, g, h, kl, ln, loss, zstd, rstd, nc, lr = v
         seen = self._seen
         if self._first_step != self._first_step:
             self._first_step = step
@@ -456,6 +548,10 @@ class PhaseDetector:
             self._lp_short.push(step, lp)
         if fin(fd):
             seen.add(C.FRAC_CORRECT_DISPLACED)
+            # the paper's indicator; a row whose optimizer did not step (lr 0 in warm-up, a
+            # skipped non-finite step) displaced nothing and is no evidence either way
+            if not (lr == 0.0 or bad_grad) and self._displaced.push(step, fd, nc):
+                alerts.append(self._displacement_alert(int(step)))
             last = L["fd"]
             if last != last:
                 E[_FD_F] = E[_FD_S] = fd
@@ -520,6 +616,10 @@ class PhaseDetector:
                     ln - E[_LEN_F]
                 )
             L["len"] = step
+        if fin(nc):
+            seen.add(C.N_CORRECT)
+        if fin(lr):
+            seen.add(C.LEARNING_RATE)
         if fin(zstd):
             seen.add(C.FRAC_ZERO_STD_GROUPS)
         if fin(rstd):
@@ -770,6 +870,22 @@ class PhaseDetector:
                         since[off_key] = s = step
                     if step - s >= need:
                         fired[kind] = False
+
+    def _displacement_alert(self, step: int) -> Alert:
+        """The paper's ">50% of correct responses displaced" indicator, with its counts."""
+        ev = self._displaced.evidence()
+        probes = ", ".join(
+            f"{k:.0f} of {n:.0f} at step {s}" for s, k, n in ev["displaced_probes"][-3:]
+        )
+        msg = (
+            f"LLD indicator at step {step}: the updates lowered the likelihood of most correct "
+            f"responses ({100 * ev['displaced_share']:.0f}% in the latest probe; recent probes: "
+            f"{probes}; pooled {100 * ev['displaced_pooled_share']:.0f}%, z={ev['displaced_z']:.1f} "
+            f"against {100 * self.config.displaced_frac:.0f}%), the paper's >50% sign of lazy "
+            "likelihood displacement"
+        )
+        evidence = {k: (_enc(v) if isinstance(v, float) else v) for k, v in ev.items()}
+        return Alert(step, "displacement", "warning", msg, evidence)
 
     def _failure_alert(self, kind: str, step: int, held: float, zstd: float, rstd: float) -> Alert:
         he, hf = self._h_early, self._ema[_H_F]
