@@ -880,7 +880,8 @@ class PhaseDetector:
         msg = (
             f"LLD indicator at step {step}: the updates lowered the likelihood of most correct "
             f"responses ({100 * ev['displaced_share']:.0f}% in the latest probe; recent probes: "
-            f"{probes}; pooled {100 * ev['displaced_pooled_share']:.0f}%, z={ev['displaced_z']:.1f} "
+            f"{probes}; pooled {100 * ev['displaced_pooled_share']:.0f}%, "
+            f"z={ev['displaced_z']:.1f} "
             f"against {100 * self.config.displaced_frac:.0f}%), the paper's >50% sign of lazy "
             "likelihood displacement"
         )
