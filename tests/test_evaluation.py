@@ -44,6 +44,63 @@ def test_score_run_by_hand():
     assert not score_run("x", [_alert(29, "nonfinite")], failing).failure_flagged  # before it
 
 
+def test_early_warning_by_hand():
+    lab = {"kind": "collapse", "collapse_step": 100, "collapse_start": 80, "name": "r"}
+    # displacement at 30 is the first early alert: lead (80 - 30) / 80 = 0.625
+    s = score_run("x", [_alert(70, "decay"), _alert(30, "displacement")], lab)
+    assert s.early_warning and s.first_early == 30 and s.early_lead == pytest.approx(0.625)
+    assert s.caught_before and s.lead == pytest.approx(0.7)  # the classic score counts it too
+    # a collapse alert in phase II catches the collapse but is no early warning
+    s = score_run("x", [_alert(50, "collapse")], lab)
+    assert s.caught_before and not s.early_warning and s.early_lead == 0.0
+    # strictly before phase III: an alert at collapse_start is late
+    s = score_run("x", [_alert(80, "stagnation")], lab)
+    assert not s.early_warning and s.early_lead == 0.0 and s.first_early == 80
+    # reward_decline / kl_blowup are not LLD warnings
+    s = score_run("x", [_alert(10, "reward_decline"), _alert(20, "kl_blowup")], lab)
+    assert s.first_warning is None and s.first_early is None and not s.early_warning
+    healthy = {"kind": "warmup", "collapse_step": None, "collapse_start": None}
+    for kind, classic, any_ in (
+        ("displacement", False, True),
+        ("stagnation", False, True),
+        ("decay", True, True),
+        ("collapse", True, True),
+        ("reward_decline", False, False),
+        ("kl_blowup", False, False),
+    ):
+        s = score_run("x", [_alert(50, kind)], healthy)
+        assert (s.false_alarm, s.false_alarm_any) == (classic, any_), kind
+        assert s.early_lead is None and not s.early_warning
+
+
+class _AlertAt:
+    """A scripted detector: one alert of ``kind`` at the first row at or after ``step``."""
+
+    def __init__(self, kind="displacement", step=40):
+        self.kind, self.step, self.done = kind, step, False
+
+    def update(self, row):
+        if self.done or row[C.STEP] < self.step:
+            return []
+        self.done = True
+        return [Alert(int(row[C.STEP]), self.kind, "warning", "scripted")]
+
+
+def test_early_warning_summary_on_labelled_runs():
+    runs = make_suite(10, seed=779)  # 4 collapsing (collapse_start >= 90), 6 healthy
+    ev = evaluate(((r.steps, r.labels) for r in runs), {"at40": _AlertAt})
+    s = ev.summaries["at40"]
+    starts = sorted(r.labels["collapse_start"] for r in runs if r.labels["collapse_start"])
+    assert s.n_collapse == 4 and s.early_warning == 4 and s.caught_before == 4
+    leads = sorted((c - 40) / c for c in starts)
+    assert s.median_early_lead == pytest.approx((leads[1] + leads[2]) / 2)
+    assert s.n_negative == 6 and s.false_alarm_any_runs == 6 and s.false_alarm_runs == 0
+    assert "early warning" in ev.table() and "4/4" in ev.table()
+    late = evaluate(((r.steps, r.labels) for r in runs), {"late": lambda: _AlertAt("decay", 119)})
+    s = late.summaries["late"]
+    assert s.early_warning == 1 == sum(c > 119 for c in starts) and s.false_alarm_any_runs == 6
+
+
 def test_failure_runs_are_scored_apart():
     from lld_monitor.testing import FAILURE_KINDS, HEALTHY_KINDS
 
@@ -151,8 +208,12 @@ def test_simulate_then_eval_cli(tmp_path, capsys):
     d = json.loads(capsys.readouterr().out)  # exactly one JSON object
     assert set(d["detectors"]) == {"ours", "grad_spike", "reward_drop"}
     assert len(d["runs"]) == 12
+    assert {"early_warning", "median_early_lead", "false_alarm_any_runs"} <= set(
+        d["detectors"]["ours"]
+    )
     assert main(["eval", str(out)]) == 0
-    assert "caught before" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "caught before" in text and "early warning" in text and "any-LLD-alert" in text
     # a clash and an empty folder are one-line errors, exit 2
     assert main(["simulate", str(out), "--n", "4", "--seed", "5"]) == 2
     empty = tmp_path / "empty"

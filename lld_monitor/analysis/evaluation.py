@@ -6,7 +6,15 @@ against the labels written by ``lld_monitor.testing``:
 - normalised lead = ``(collapse_step - first_warning_step) / collapse_step`` when caught before,
   0 otherwise (caught late or never: no lead);
 - a *false alarm* run is a run that does not collapse (no ``collapse_step``, no non-LLD failure)
-  but gets an alert of kind ``decay`` or ``collapse``.
+  but gets an alert of kind ``decay`` or ``collapse``;
+- an *early warning* is a ``stagnation``, ``decay`` or ``displacement`` alert strictly before
+  ``collapse_start`` (the onset of phase III, while the reward still rises); its normalised lead
+  is ``(collapse_start - first_early_step) / collapse_start``, 0 when there is none;
+- a *false-alarm run (any)* is a run that does not collapse but gets an alert of ANY LLD kind
+  (``stagnation``, ``decay``, ``displacement`` or ``collapse``): the target is at most 1 in 50.
+
+Alerts not specific to LLD (``reward_decline``, ``kl_blowup``, ``nonfinite``, ...) are neither
+warnings nor false alarms here.
 """
 
 from __future__ import annotations
@@ -31,9 +39,13 @@ DETECTORS: dict[str, Callable[[], Any]] = {
     "reward_drop": RewardDropDetector,
 }
 #: alert kinds that count as a warning of the death spiral
-WARNING_KINDS: frozenset[str] = frozenset({"stagnation", "decay", "collapse"})
+WARNING_KINDS: frozenset[str] = frozenset({"stagnation", "decay", "displacement", "collapse"})
 #: alert kinds that are false alarms on a run that does not collapse
 FALSE_KINDS: frozenset[str] = frozenset({"decay", "collapse"})
+#: alert kinds that warn early, in phase I or II (scored before ``collapse_start``)
+EARLY_KINDS: frozenset[str] = frozenset({"stagnation", "decay", "displacement"})
+#: every LLD alert kind: any of them on a healthy run is a false alarm (``false_alarm_any``)
+LLD_ALERT_KINDS: frozenset[str] = EARLY_KINDS | {"collapse"}
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,11 @@ class RunScore:
     lead: float | None  # normalised lead (collapse runs only)
     false_alarm: bool
     failure_flagged: bool | None = None  # non-LLD failure runs: its own alert kind fired
+    collapse_start: int | None = None  # onset of phase III (label)
+    first_early: int | None = None  # first stagnation / decay / displacement alert
+    early_warning: bool = False  # ... strictly before collapse_start
+    early_lead: float | None = None  # (collapse_start - first_early) / collapse_start, or 0
+    false_alarm_any: bool = False  # a healthy run with any LLD alert
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,9 @@ class Summary:
     by_group: dict[str, dict[str, Any]] = field(default_factory=dict)
     n_failure: int = 0  # runs with a non-LLD failure (nonfinite, dead_signal, ...)
     failures_flagged: int = 0  # ... whose own alert kind fired at or after the failure step
+    early_warning: int = 0  # collapse runs warned before phase III
+    median_early_lead: float | None = None
+    false_alarm_any_runs: int = 0  # healthy runs with any LLD alert
 
 
 @dataclass(frozen=True)
@@ -84,12 +104,14 @@ class Evaluation:
         """A plain-text table, one line per detector."""
         head = (
             f"{'detector':<12} {'caught before':>14} {'median lead':>12} "
-            f"{'false-alarm runs':>17}   LLD cols / standard only: caught, median lead"
+            f"{'false-alarm runs':>17} {'early warning':>14} {'early lead':>11} "
+            f"{'any-LLD-alert runs':>19}   LLD cols / standard only: caught, median lead"
         )
         lines = [head, "-" * len(head)]
         n_fail = max((s.n_failure for s in self.summaries.values()), default=0)
         for s in self.summaries.values():
             lead = "n/a" if s.median_lead is None else f"{s.median_lead:.3f}"
+            early = "n/a" if s.median_early_lead is None else f"{s.median_early_lead:.3f}"
             groups = "; ".join(
                 f"{g}: {v['caught_before']}/{v['n_collapse']}, "
                 f"{'n/a' if v['median_lead'] is None else format(v['median_lead'], '.3f')}"
@@ -97,7 +119,9 @@ class Evaluation:
             )
             lines.append(
                 f"{s.detector:<12} {f'{s.caught_before}/{s.n_collapse}':>14} {lead:>12} "
-                f"{f'{s.false_alarm_runs}/{s.n_negative}':>17}   {groups}"
+                f"{f'{s.false_alarm_runs}/{s.n_negative}':>17} "
+                f"{f'{s.early_warning}/{s.n_collapse}':>14} {early:>11} "
+                f"{f'{s.false_alarm_any_runs}/{s.n_negative}':>19}   {groups}"
             )
         if n_fail:
             lines.append(
@@ -135,6 +159,14 @@ def score_run(
     failure = labels.get("failure")
     negative = collapse is None and not failure
     false_alarm = negative and any(a.kind in FALSE_KINDS for a in alerts)
+    false_any = negative and any(a.kind in LLD_ALERT_KINDS for a in alerts)
+    start = labels.get("collapse_start") if collapse is not None else None
+    early_steps = sorted(a.step for a in alerts if a.kind in EARLY_KINDS)
+    first_early = early_steps[0] if early_steps else None
+    early = start is not None and first_early is not None and first_early < start
+    early_lead = None
+    if start is not None:
+        early_lead = (start - first_early) / start if early and start > 0 else 0.0
     flagged = None
     if failure:
         at = labels.get("failure_step") or 0
@@ -150,6 +182,11 @@ def score_run(
         lead=lead,
         false_alarm=false_alarm,
         failure_flagged=flagged,
+        collapse_start=start,
+        first_early=first_early,
+        early_warning=early,
+        early_lead=early_lead,
+        false_alarm_any=false_any,
     )
 
 
@@ -163,12 +200,16 @@ def _summarise(name: str, scores: Sequence[RunScore]) -> Summary:
         ("standard", [s for s in col if s.standard_only]),
     ):
         leads = [s.lead for s in members if s.lead is not None]
+        early = [s.early_lead for s in members if s.early_lead is not None]
         groups[g] = {
             "n_collapse": len(members),
             "caught_before": sum(s.caught_before for s in members),
             "median_lead": statistics.median(leads) if leads else None,
+            "early_warning": sum(s.early_warning for s in members),
+            "median_early_lead": statistics.median(early) if early else None,
         }
     leads = [s.lead for s in col if s.lead is not None]
+    early = [s.early_lead for s in col if s.early_lead is not None]
     return Summary(
         detector=name,
         n_collapse=len(col),
@@ -179,6 +220,9 @@ def _summarise(name: str, scores: Sequence[RunScore]) -> Summary:
         by_group=groups,
         n_failure=len(fail),
         failures_flagged=sum(bool(s.failure_flagged) for s in fail),
+        early_warning=sum(s.early_warning for s in col),
+        median_early_lead=statistics.median(early) if early else None,
+        false_alarm_any_runs=sum(s.false_alarm_any for s in neg),
     )
 
 

@@ -57,8 +57,12 @@ def run(args: argparse.Namespace) -> int:
     )
     print(result.table())
     print(
-        "caught before: warning (stagnation/decay/collapse) before the labelled collapse step; "
-        "lead: (collapse_step - first warning) / collapse_step, 0 when not caught before; "
-        "false-alarm runs: non-collapsing runs with a decay/collapse alert."
+        "caught before: warning (stagnation/decay/displacement/collapse) before the labelled "
+        "collapse step; lead: (collapse_step - first warning) / collapse_step, 0 when not caught "
+        "before; false-alarm runs: non-collapsing runs with a decay/collapse alert; early "
+        "warning: stagnation/decay/displacement alert strictly before collapse_start (phase III "
+        "onset), early lead: (collapse_start - first such alert) / collapse_start; any-LLD-alert "
+        "runs: non-collapsing runs with any stagnation/decay/displacement/collapse alert "
+        "(reward_decline, kl_blowup and other non-LLD alerts never count)."
     )
     return 0
