@@ -257,3 +257,39 @@ def test_detector_contract(factory):
     json.loads(json.dumps(det.state_dict()))
     assert det.update({C.STEP: 10**6}) == [] or True  # a bare row is accepted
     assert isinstance(det.phase, str)
+
+
+def test_simulate_wide_cli(tmp_path, capsys):
+    runlog = pytest.importorskip("lld_monitor.runlog")
+    out = tmp_path / "wide"
+    assert main(["simulate", str(out), "--wide", "--n", "5", "--seed", "2"]) == 0
+    assert "time_scale=" in capsys.readouterr().out
+    runs = [runlog.load_run(p) for p in runlog.find_runs(out)]
+    labels = [r.meta["labels"] for r in runs]
+    assert [lab["kind"] for lab in labels] == [
+        "collapse",
+        "collapse",
+        "healthy",
+        "grad_spikes",
+        "plateau",
+    ]
+    from lld_monitor.testing import make_wide_suite
+
+    expected = make_wide_suite(5, seed=2)
+    assert [lab["n_steps"] for lab in labels] == [r.labels["n_steps"] for r in expected]
+    # blank probe cells stay blank through the run log
+    for run, exp in zip(runs, expected):
+        if C.FRAC_CORRECT_DISPLACED in exp.steps.columns:
+            got = run.steps[C.FRAC_CORRECT_DISPLACED].notna().sum()
+            assert got == exp.steps[C.FRAC_CORRECT_DISPLACED].notna().sum()
+    # one kind, knobs given on the command line
+    one = tmp_path / "one"
+    args = ["simulate", str(one), "--kind", "healthy", "--n", "1", "--probe-every", "4"]
+    assert main([*args, "--rows-per-batch", "2", "--batch-size", "16"]) == 0
+    run = runlog.load_run(runlog.find_runs(one)[0])
+    lab = run.meta["labels"]
+    assert (lab["probe_every"], lab["rows_per_batch"], lab["batch_size"]) == (4, 2, 16)
+    probed = run.steps.loc[run.steps[C.N_CORRECT].notna(), C.STEP]
+    assert probed.tolist() == list(range(0, lab["n_steps"], 8))
+    assert main(["simulate", str(tmp_path / "bad"), "--kind", "healthy", "--probe-every", "0"]) == 2
+    assert "probe_every must be an integer >= 1" in capsys.readouterr().err

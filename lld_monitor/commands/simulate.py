@@ -33,16 +33,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--noise", type=float, default=1.0, help="multiply every noise scale (with --kind)"
     )
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="draw runs from the widened ranges real runs measure: phases of ~30-1000 steps, "
+        "rows every 1-10 steps, probes on every 1st-8th rollout batch, 1-8 rows per rollout "
+        "batch, low/medium/high AR(1) noise, binomial displacement counts, warm-up and "
+        "small-batch healthy runs (with --kind: N such runs of that kind)",
+    )
+    parser.add_argument(
+        "--phase-steps",
+        type=float,
+        default=None,
+        help="mean phase length in steps (time scale = phase steps / 60; with --kind)",
+    )
+    parser.add_argument(
+        "--probe-every",
+        type=int,
+        default=1,
+        help="probe columns on every K-th rollout batch only (with --kind)",
+    )
+    parser.add_argument(
+        "--rows-per-batch",
+        type=int,
+        default=1,
+        help="consecutive steps of one rollout batch repeat its reward and logp (with --kind)",
+    )
+    parser.add_argument(
+        "--noise-level",
+        choices=("low", "medium", "high"),
+        default=None,
+        help="per-row noise matched to measured runs (with --kind)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="responses probed per rollout batch: n_correct and displaced counts (with --kind)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Generate and write the runs; print one line per run; 2 on bad arguments or a clash."""
     from lld_monitor.testing import (
+        CLASSIC_KINDS,
         COLLAPSE_KINDS,
         FAILURE_KINDS,
         HEALTHY_KINDS,
         make_run,
         make_suite,
+        make_wide_suite,
+        wide_knobs,
         write_run,
     )
 
@@ -51,20 +92,38 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.kind:
+            import numpy as np
+
+            rng = np.random.default_rng([args.seed, 0xC11])
             runs = []
             for i in range(args.n):
+                given = {
+                    "log_every": args.log_every,
+                    "probe_every": args.probe_every,
+                    "rows_per_batch": args.rows_per_batch,
+                }
+                for key in ("phase_steps", "noise_level", "batch_size"):
+                    if getattr(args, key) is not None:
+                        given[key] = getattr(args, key)
+                if args.wide:  # draw what was not given on the command line
+                    defaults = {"log_every": 1, "probe_every": 1, "rows_per_batch": 1}
+                    fixed = {k: v for k, v in given.items() if defaults.get(k) != v}
+                    given = wide_knobs(rng, args.kind, **fixed)
                 r = make_run(
                     args.kind,
                     args.n_steps,
                     seed=args.seed * 100_003 + i,
                     standard_only=args.standard_only,
-                    log_every=args.log_every,
                     noise=args.noise,
+                    **given,
                 )
                 r.labels["name"] = f"{i:03d}_{r.labels['name']}"
                 runs.append(r)
-        else:
+        elif args.wide:
             kinds = COLLAPSE_KINDS + HEALTHY_KINDS + (FAILURE_KINDS if args.with_failures else ())
+            runs = make_wide_suite(args.n, args.seed, kinds=kinds)
+        else:
+            kinds = CLASSIC_KINDS + (FAILURE_KINDS if args.with_failures else ())
             runs = make_suite(args.n, args.seed, kinds=kinds)
     except ValueError as exc:
         print(f"lld-monitor simulate: {exc}", file=sys.stderr)
@@ -88,7 +147,9 @@ def run(args: argparse.Namespace) -> int:
         lab = r.labels
         collapse = lab["collapse_step"] if lab["collapse_step"] is not None else "-"
         print(
-            f"{out / r.name}  kind={lab['kind']}  steps={lab['n_steps']}  collapse_step={collapse}"
+            f"{out / r.name}  kind={lab['kind']}  steps={lab['n_steps']}  "
+            f"collapse_step={collapse}"
+            + (f"  time_scale={lab['time_scale']:g}" if lab.get("time_scale", 1) != 1 else "")
         )
     print(f"wrote {len(runs)} SIMULATED runs (meta: simulated=true, labels) under {out}")
     return 0
