@@ -7,10 +7,11 @@
 Every run is SIMULATED (``lld_monitor.testing.make_run``). The grid crosses phase length
 (``phase_steps``: the mean stagnation length; decay lasts about as long, collapse to half reward
 0.4-1.0 of it), log interval, noise level and kind (collapse and every healthy kind). Probe interval
-and rows per rollout batch rotate over the cells (a balanced Latin design: each level meets every
-other axis level) unless ``--full`` crosses them too. ``--n-per-cell`` runs per cell, collapsing
-cells ``--collapse-weight`` times as many. Knobs not on the grid (AR(1) coefficient, noise sd within
-the level, probed batch size, phase II decline, displaced share) are drawn per run from ``--seed``.
+and rows per rollout batch are assigned to the cells at random, every (probe interval, rows per
+batch) pair equally often per kind, unless ``--full`` crosses them too. ``--n-per-cell`` runs per
+cell, collapsing cells ``--collapse-weight`` times as many. Knobs not on the grid (AR(1)
+coefficient, noise sd within the level, probed batch size, phase II decline, displaced share) are
+drawn per run from ``--seed``.
 ``small_batch`` runs are always high noise (4-8 responses probed), whatever their cell's level.
 
 Scores (``lld_monitor.analysis.evaluation.score_run``): early warning = a stagnation, decay or
@@ -96,20 +97,26 @@ def grid(
     """One spec per run: ``{"kind", "seed", "knobs"}`` (``make_run`` keywords), in grid order."""
     specs: list[dict[str, Any]] = []
     combos = list(itertools.product(phase_steps, log_every, noise))
+    pairs = list(itertools.product(probe_every, rows_per_batch))
+    # without --full: per kind, every (probe interval, rows per batch) pair equally often (up to
+    # one), in a random order over the cells
+    assign: dict[str, list[tuple[int, int]]] = {}
+    for i, kind in enumerate(kinds):
+        reps = n_per_cell * (collapse_weight if kind in COLLAPSE_KINDS else 1)
+        need = len(combos) * reps
+        order = pairs * (need // len(pairs) + 1)
+        rng = np.random.default_rng([int(seed), i, 0x1A7])
+        head = [order[k] for k in rng.permutation(len(pairs) * (need // len(pairs)))]
+        tail = [pairs[k] for k in rng.permutation(len(pairs))[: need % len(pairs)]]
+        assign[kind] = head + tail
+        rng.shuffle(assign[kind])
     for c, (p, le, nl) in enumerate(combos):
-        if full:
-            inner = [(pe, r) for pe in probe_every for r in rows_per_batch]
-        else:
-            inner = [None]
+        inner: list[Any] = pairs if full else [None]
         for kind in kinds:
             reps = n_per_cell * (collapse_weight if kind in COLLAPSE_KINDS else 1)
             for cell_inner in inner:
                 for j in range(reps):
-                    if cell_inner is None:  # Latin rotation over the combos and replicates
-                        pe = probe_every[(c + j) % len(probe_every)]
-                        r = rows_per_batch[(c // len(probe_every) + j) % len(rows_per_batch)]
-                    else:
-                        pe, r = cell_inner
+                    pe, r = cell_inner if cell_inner is not None else assign[kind][c * reps + j]
                     run_seed = len(specs)
                     rng = np.random.default_rng([int(seed), run_seed, 0x5CE])
                     fixed: dict[str, Any] = {

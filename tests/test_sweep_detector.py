@@ -46,6 +46,7 @@ def test_sweep_on_a_tiny_grid(tmp_path):
     out = tmp_path / "sweep.json"
     args = ["--seed", "3", "--phase-steps", "30,60", "--log-every", "1,5", "--noise", "low"]
     args += ["--kinds", "collapse,plateau", "--n-per-cell", "1", "--collapse-weight", "1"]
+    args += ["--probe-every", "2,8", "--rows-per-batch", "4"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *args, "--json", str(out)],
@@ -67,13 +68,12 @@ def test_sweep_on_a_tiny_grid(tmp_path):
         ["30", "2", "2"],
         ["60", "2", "2"],
     ]
-    # the Latin rotation gives each of the 4 cells its own probe interval
-    assert [r[:2] for r in tables["By probe interval (rollout batches)"][1:]] == [
-        ["1", "1"],
-        ["2", "1"],
-        ["4", "1"],
-        ["8", "1"],
+    # 4 runs per kind over 2 (probe interval, rows per batch) pairs: each pair twice per kind
+    assert [r[:2] + r[8:9] for r in tables["By probe interval (rollout batches)"][1:]] == [
+        ["2", "2", "2"],
+        ["8", "2", "2"],
     ]
+    assert [r[:2] + r[8:9] for r in tables["By rows per rollout batch"][1:]] == [["4", "4", "4"]]
     doc = json.loads(out.read_text())
     runs = doc["runs"]
     assert len(runs) == doc["n_runs"] == 8
@@ -120,3 +120,19 @@ def test_config_overrides_are_typed_and_reach_the_detector():
     with pytest.raises(ValueError, match="unknown PhaseDetector hyperparameter"):
         mod.run_one(spec, {"no_such_knob": 1})
     assert mod.main(["--seed", "1", "--config", "nope=1"]) == 2
+
+
+def test_default_grid_is_balanced():
+    import collections
+
+    mod = _module()
+    specs = mod.grid(5)
+    assert len(specs) == 72 * (4 + 6 * 2)
+    for kind in mod.KINDS:
+        knobs = [s["knobs"] for s in specs if s["kind"] == kind]
+        pairs = collections.Counter((k["probe_every"], k["rows_per_batch"]) for k in knobs)
+        assert len(pairs) == 16 and len(set(pairs.values())) == 1, kind
+        assert collections.Counter(k["phase_steps"] for k in knobs) == {
+            p: len(knobs) // 6 for p in mod.PHASE_STEPS
+        }
+    assert specs == mod.grid(5) and specs != mod.grid(6)
