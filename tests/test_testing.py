@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -325,9 +326,12 @@ def test_a_long_widened_run_is_fast():
     import time
 
     make_run("collapse", 3000, seed=1, phase_steps=800, batch_size=32, rows_per_batch=2)
-    t0 = time.perf_counter()
-    make_run("collapse", 3000, seed=2, phase_steps=800, batch_size=32, rows_per_batch=2)
-    assert time.perf_counter() - t0 < 0.05
+    best = math.inf
+    for seed in range(2, 5):  # best of three: a shared machine can stall one call
+        t0 = time.perf_counter()
+        make_run("collapse", 3000, seed=seed, phase_steps=800, batch_size=32, rows_per_batch=2)
+        best = min(best, time.perf_counter() - t0)
+    assert best < 0.03
 
 
 def test_bad_widening_keywords_raise_clear_errors():
