@@ -9,16 +9,13 @@ rank 0 and runs the detector, the sinks and the actions.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
 import threading
 import time
-import traceback
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,10 @@ from typing import Any
 import torch
 
 from lld_monitor import columns as C
+from lld_monitor import distributed
 from lld_monitor.events import Alert, make_event
+from lld_monitor.failure import FailurePolicy
+from lld_monitor.step_metrics import FIELD_NAMES, StepMetrics, row_from_sums
 
 logger = logging.getLogger("lld_monitor")
 
@@ -37,44 +37,6 @@ COLLAPSE_KINDS: tuple[str, ...] = ("collapse",)
 #: Lambda used by ``auto_llds`` when no ``LLDSConfig`` was given (the paper's value).
 AUTO_LLDS_LAMBDA = 0.2
 
-# Fixed layout of the per-step sum vector reduced across ranks (indices into _Acc.vector()).
-_STD_FIELDS: tuple[str, ...] = (
-    "n_resp",  # responses observed (rollout rows)
-    "n_rewarded",  # responses with a known reward
-    "reward_sum",
-    "reward_sq_sum",
-    "n_correct_resp",
-    "entropy_sum",
-    "entropy_count",
-    "length_sum",  # generated (non-tool) tokens
-    "searches_sum",
-    "searches_count",
-    "grad_sum",
-    "grad_count",
-    "loss_sum",
-    "loss_count",
-    "llds_loss_sum",
-    "llds_frac_sum",
-    "llds_count",
-    "kl_sum",
-    "kl_count",
-    "zero_std_groups",  # prompt groups whose rewards are all equal
-    "n_groups",
-    "n_probe",  # probe measurements (post-update forwards) folded in
-    "llds_on",  # rank 0's switch state (others contribute 0): keeps ranks in agreement
-    "llds_lam",
-    "grad_max",  # rank 0's max pre-clip grad norm over the step's updates
-)
-_STD_INDEX = {name: i for i, name in enumerate(_STD_FIELDS)}
-
-
-def _torch_dist() -> Any | None:
-    """torch.distributed when initialised with more than one rank, else None."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return dist
-    return None
-
 
 def _check_completion_mask(completion_mask: torch.Tensor | None, ref: torch.Tensor) -> None:
     """ValueError unless ``completion_mask`` is None or [B, L] like ``ref``."""
@@ -83,11 +45,6 @@ def _check_completion_mask(completion_mask: torch.Tensor | None, ref: torch.Tens
             f"completion_mask must be [B, L] = {list(ref.shape)} like the log-probs and mask, got "
             f"{tuple(completion_mask.shape)} (1 on every completion position, 0 on padding)"
         )
-
-
-def _rank() -> int:
-    dist = _torch_dist()
-    return dist.get_rank() if dist is not None else 0
 
 
 class LLDSSwitch:
@@ -141,66 +98,6 @@ class LLDSSwitch:
             changed = enabled != self._enabled or (enabled and abs(lam - self._lam) > 1e-12)
             self._enabled, self._lam = enabled, lam if enabled else self._lam
         return changed
-
-
-class _Acc:
-    """Per-step sums on the trainer's device; ``vector()`` packs them for one all_reduce."""
-
-    def __init__(self) -> None:
-        self.device: torch.device | None = None
-        self.std: dict[str, torch.Tensor | float] = {}
-        self.conf: torch.Tensor | None = None  # [K] displacement_sums of observed rollouts
-        self.disp: torch.Tensor | None = None  # [K] displacement_sums of probed responses
-        self.grad_max: float | torch.Tensor = float("nan")
-        self.reward_fn: dict[str, torch.Tensor] = {}  # name -> [2] (sum, count)
-        self.groups: dict[tuple[str, ...], torch.Tensor] = {}  # field names -> [n] device sums
-
-    def add(self, name: str, value: torch.Tensor | float) -> None:
-        if isinstance(value, torch.Tensor):
-            value = value.detach().float()
-            if self.device is None:
-                self.device = value.device
-        self.std[name] = self.std.get(name, 0.0) + value
-
-    def add_group(self, names: tuple[str, ...], values: list[torch.Tensor]) -> None:
-        """Add device scalars to fields ``names`` with one stack and one add (per micro-batch)."""
-        v = torch.stack(values).detach().float()  # [n]
-        if self.device is None:
-            self.device = v.device
-        prev = self.groups.get(names)
-        self.groups[names] = v if prev is None else prev + v
-
-    def vector(self, n_sum: int, device: torch.device) -> torch.Tensor:
-        """[len(_STD_FIELDS) + 2K] float64 vector of every sum (zeros where absent).
-
-        Packed with a handful of ops (one host-built vector for the plain floats, one stack for
-        the device scalars), not one small tensor per field: this runs every step.
-        """
-        n_std = len(_STD_FIELDS)
-        floats = [0.0] * n_std
-        t_idx: list[int] = []
-        t_val: list[torch.Tensor] = []
-        for i, name in enumerate(_STD_FIELDS):
-            v = self.std.get(name, 0.0) if name != "grad_max" else self.grad_max
-            if isinstance(v, torch.Tensor):
-                t_idx.append(i)
-                t_val.append(v.reshape(()).float())  # add() made them float32 already: no op
-            elif not math.isnan(v):
-                floats[i] = v
-        std = torch.tensor(floats, dtype=torch.float64, device=device)  # [n_std]
-        if t_val:
-            idx = torch.tensor(t_idx, device=device)
-            std.index_copy_(0, idx, torch.stack(t_val).to(device, torch.float64))
-        for names, v in self.groups.items():
-            idx = torch.tensor([_STD_INDEX[n] for n in names], device=device)
-            std.index_add_(0, idx, v.to(device, torch.float64))
-        parts = [std]
-        for sums in (self.conf, self.disp):
-            if sums is None:
-                parts.append(torch.zeros(n_sum, dtype=torch.float64, device=device))
-            else:
-                parts.append(sums.detach().to(device, torch.float64).reshape(-1))
-        return torch.cat(parts)
 
 
 @dataclass(frozen=True)
@@ -280,7 +177,7 @@ class LLDMonitor:
         self.run_dir = Path(run_dir)
         launched_rank = os.environ.get("RANK", "0")  # set by torchrun/accelerate before init
         if (
-            _rank() == 0
+            distributed.rank() == 0
             and launched_rank == "0"
             and ((self.run_dir / "steps.jsonl").exists() or (self.run_dir / "meta.json").exists())
         ):
@@ -323,11 +220,12 @@ class LLDMonitor:
         self.should_stop = False  # set by stop_on_collapse; adapters copy it into control
         self.should_save = False  # set by checkpoint_on_collapse; reset by the adapter
         self.closed = False
-        self._acc = _Acc()
+        self._acc = StepMetrics()
         self._token_sources: list[_TokenSource] = []  # this step's probes (rank 0, sampling on)
         self._probed_in_step = 0  # responses probed so far this step (offset of the next probe)
         self._last_rollout: dict[str, Any] | None = None
-        self._errors_seen: set[str] = set()
+        self.failures = FailurePolicy(self.strict, self._on_error)
+        self.reward_fn_names: list[str] = []  # the same on every rank: fixes the vector length
         self._phase: str | None = None
         self._lock = threading.RLock()
         self._pending_events: list[dict[str, Any]] = []
@@ -383,7 +281,7 @@ class LLDMonitor:
         with self._lock:
             if self.writer is not None or self.closed:
                 return
-            self.rank = _rank()
+            self.rank = distributed.rank()
             if self.rank != 0:
                 return
             from lld_monitor.runlog import RunWriter
@@ -427,60 +325,61 @@ class LLDMonitor:
             },
         }
 
-    # -- failure policy -----------------------------------------------------------------------
+    # -- failure policy (lld_monitor/failure.py) -------------------------------------------------
 
-    @contextmanager
-    def guard(self, where: str) -> Iterator[None]:
-        """Run a hook: in strict mode re-raise, else report once, record an event, carry on."""
-        try:
-            yield
-        except Exception as err:
-            if self.strict:
-                raise
-            self._report_error(where, err)
+    def guard(self, where: str) -> Any:
+        """Context manager for a local hook: strict re-raises, else report once and carry on."""
+        return self.failures.guard(where)
+
+    def collective(self, where: str) -> Any:
+        """Context manager for a section every rank must complete (never swallowed on >1 rank)."""
+        return self.failures.collective(where)
 
     def guarded(
         self, where: str, default: Any = None
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator form of :meth:`guard` returning ``default`` on a swallowed error."""
+        return self.failures.guarded(where, default)
 
-        def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(fn)
-            def inner(*args: Any, **kwargs: Any) -> Any:
-                with self.guard(where):
-                    return fn(*args, **kwargs)
-                return default
+    def agree(self, where: str, ok: bool, device: torch.device | None = None) -> bool:
+        """True when every rank is ``ok`` (one small all_reduce; every rank must call it).
 
-            return inner
+        Rank 0 records which ranks were not, so a section skipped everywhere is on the record.
+        """
+        with self.collective(f"{where} (agreement)"):
+            failed = distributed.failed_ranks(ok, device)
+        if failed and distributed.world_size() > 1:
+            self._record_rank_failure(where, failed, "skipped on every rank")
+        return not failed
 
-        return wrap
+    def _record_rank_failure(self, where: str, failed: list[int], what: str) -> None:
+        with self.guard("error event"):
+            self._event(
+                make_event(
+                    "error",
+                    self.step,
+                    where,
+                    f"{where} failed on rank(s) {failed}: {what} (that rank's log has the "
+                    "traceback)",
+                    "warning",
+                    {"ranks": failed},
+                )
+            )
+
+    def _on_error(self, where: str, err: BaseException) -> None:
+        self._event(
+            make_event(
+                "error",
+                self.step,
+                where,
+                f"{where} failed: {type(err).__name__}: {err}",
+                "warning",
+                {"exception": type(err).__name__},
+            )
+        )
 
     def _report_error(self, where: str, err: BaseException) -> None:
-        key = f"{where}:{type(err).__name__}"
-        first = key not in self._errors_seen
-        self._errors_seen.add(key)
-        if first:
-            logger.error(
-                "lld_monitor: %s failed (%s: %s); training continues, the monitor skips this "
-                "hook when it fails (pass strict=True to raise)\n%s",
-                where,
-                type(err).__name__,
-                err,
-                "".join(traceback.format_exception(err)),
-            )
-            try:
-                self._event(
-                    make_event(
-                        "error",
-                        self.step,
-                        where,
-                        f"{where} failed: {type(err).__name__}: {err}",
-                        "warning",
-                        {"exception": type(err).__name__},
-                    )
-                )
-            except Exception as log_err:
-                logger.error("lld_monitor: could not record the error event either: %s", log_err)
+        self.failures.report(where, err)
 
     # -- events -------------------------------------------------------------------------------
 
@@ -608,11 +507,15 @@ class LLDMonitor:
         acc.add("n_resp", float(batch))
         n_tok = maskf.sum()
         names, vals = ["n_correct_resp", "length_sum"], [correct.sum(), n_tok]
+        scored_mask = mask.to(device)
         if rewards is not None:
-            finite = torch.isfinite(rewards)
+            finite = torch.isfinite(rewards)  # [B]; unscored (None/NaN) left out as TRL does
             r = torch.where(finite, rewards, 0.0)  # [B]
-            names += ["n_rewarded", "reward_sum", "reward_sq_sum"]
-            vals += [finite.sum(), r.sum(), r.dot(r)]
+            names += ["n_rewarded", "n_judged", "reward_sum", "reward_sq_sum"]
+            vals += [finite.sum(), finite.sum(), r.sum(), r.dot(r)]
+            scored_mask = scored_mask * finite[:, None].to(scored_mask.dtype)
+        else:
+            acc.add("n_judged", float(batch))
         if entropy is not None:
             ent = entropy.detach().float()
             if ent.dim() == 2:
@@ -631,7 +534,7 @@ class LLDMonitor:
             vals.append(ns.sum())
             acc.add("searches_count", float(ns.numel()))
         acc.add_group(tuple(names), [v.float() for v in vals])
-        sums = displacement_sums(logp_old, None, mask.to(device), correct)
+        sums = displacement_sums(logp_old, None, scored_mask, correct)
         acc.conf = sums if acc.conf is None else acc.conf + sums
         self._last_rollout = {
             "logp_old": logp_old,
@@ -651,8 +554,7 @@ class LLDMonitor:
             part = torch.stack(
                 [torch.where(finite, r, torch.zeros_like(r)).sum(), finite.sum().float()]
             )
-            prev = self._acc.reward_fn.get(name)
-            self._acc.reward_fn[name] = part if prev is None else prev + part
+            self._acc.add_reward_fn(name, part)
 
     def observe_groups(self, n_zero_std: torch.Tensor | float, n_groups: int) -> None:
         """Add prompt groups whose rewards were all equal (column ``frac_zero_std_groups``)."""
@@ -677,15 +579,7 @@ class LLDMonitor:
                 )
                 acc.add("grad_sum", g)
                 acc.add("grad_count", 1.0)
-                m = acc.grad_max
-                if isinstance(m, float) and math.isnan(m):
-                    acc.grad_max = g
-                else:
-                    acc.grad_max = (
-                        torch.maximum(torch.as_tensor(m), torch.as_tensor(g))
-                        if (isinstance(m, torch.Tensor) or isinstance(g, torch.Tensor))
-                        else max(m, g)
-                    )
+                acc.add_grad_max(g)
             if loss is not None:
                 acc.add(
                     "loss_sum",
@@ -767,7 +661,11 @@ class LLDMonitor:
                 f"{tuple(logp_old.shape)} (same rows, same token positions)"
             )
         _check_completion_mask(completion_mask, logp_old)
-        sums = displacement_sums(logp_old, logp_new, mask, correct)
+        scored_mask = mask
+        if rewards is not None:  # unscored responses are in neither likelihood group
+            finite = torch.isfinite(rewards.reshape(-1).to(mask.device))  # [B]
+            scored_mask = mask * finite[:, None].to(mask.dtype)
+        sums = displacement_sums(logp_old, logp_new, scored_mask, correct)
         acc = self._acc
         acc.disp = sums if acc.disp is None else acc.disp + sums
         acc.add("n_probe", 1.0)
@@ -1002,7 +900,7 @@ class LLDMonitor:
         """Layout of the reduced vector: standard fields, K confidence sums, K probe sums."""
         from lld_monitor.metrics import SUM_FIELDS
 
-        return _STD_FIELDS, len(SUM_FIELDS)
+        return FIELD_NAMES, len(SUM_FIELDS)
 
     # -- plain API: the row -------------------------------------------------------------------
 
@@ -1010,90 +908,59 @@ class LLDMonitor:
         """Close the current step: reduce across ranks, write one row (rank 0), detect, act.
 
         Returns the row (the same on every rank). ``extra_columns`` are added to it as given.
+        Every rank reaches the reduction exactly once per call: a rank whose own part failed
+        sends zeros with an error flag, and rank 0 records the failure.
         """
+        step = self.step if step is None else int(step)
         row: dict[str, Any] = {}
-        with self.guard("end_step"):
-            row = self._end_step(step, extra_columns)
-        self._acc = _Acc()
+        host = self._reduce_step(step)
+        if host is not None:
+            with self.guard("end_step"):
+                row = self._write_row(step, host, extra_columns)
+        self._acc = StepMetrics()
         self._token_sources, self._probed_in_step = [], 0
-        self.step = (row.get(C.STEP, self.step) if row else self.step) + 1
+        self.step = (row.get(C.STEP, step) if row else step) + 1
         return row
 
-    def _end_step(self, step: int | None, extra: Mapping[str, Any]) -> dict[str, Any]:
-        from lld_monitor.metrics import SUM_FIELDS, stats_from_sums
-
-        if self.writer is None and self.rank == 0 and self.adapter is None:
-            self.start()
-        step = self.step if step is None else int(step)
+    def _reduce_step(self, step: int) -> list[float] | None:
+        """This rank's packed sums, gathered from every rank and reduced (host floats)."""
         acc = self._acc
-        n_sum = len(SUM_FIELDS)
-        device = acc.device or torch.device("cpu")
-        dist = _torch_dist()
-        if dist is not None and dist.get_backend() == "nccl" and device.type != "cuda":
-            device = torch.device("cuda", torch.cuda.current_device())
-        names = sorted(acc.reward_fn)  # the same reward functions on every rank
-        parts = [acc.vector(n_sum, device)]
-        parts += [acc.reward_fn[n].to(device, torch.float64) for n in names]  # (sum, count) each
-        vec = torch.cat(parts)  # [n_std + 2K + 2F]
-        n_std = len(_STD_FIELDS)
-        rank0_only = [_STD_FIELDS.index(f) for f in ("llds_on", "llds_lam", "grad_max")]
-        if self.strict:  # tests: this rank's sums before the cross-rank reduction
-            self.last_local_sums = vec.detach().clone()
-        i_on, i_lam = rank0_only[0], rank0_only[1]
-        if dist is None or dist.get_rank() == 0:
-            vec[i_on] = float(self.llds.enabled)
-            vec[i_lam] = self.llds.lam
-        else:  # rank 0's value only: the switch state, and the (DDP-global) grad norm max
-            vec[rank0_only] = 0.0
-        if dist is not None:
-            dist.all_reduce(vec, op=dist.ReduceOp.SUM)
-        host = vec.tolist()  # the one host transfer of the step
-        fn_vals = host[n_std + 2 * n_sum :]
-        s = dict(zip(_STD_FIELDS, host[:n_std], strict=True))
-        conf = torch.tensor(host[n_std : n_std + n_sum], dtype=torch.float64)
-        disp = torch.tensor(host[n_std + n_sum : n_std + 2 * n_sum], dtype=torch.float64)
-
-        if dist is not None and self.llds._sync(bool(s["llds_on"] > 0.5), s["llds_lam"]):
+        names = self.reward_fn_names
+        for name in sorted(set(acc.reward_fn) - set(names)):  # first seen this step
+            names.append(name)
+        vec: torch.Tensor | None = None
+        device = distributed.collective_device(acc.device)
+        with self.guard("end_step"):
+            if self.writer is None and self.rank == 0 and self.adapter is None:
+                self.start()
+            vec = acc.pack(device, names)
+            if self.strict:  # tests: this rank's sums before the cross-rank reduction
+                self.last_local_sums = vec.detach().clone()
+        if vec is None:
+            vec = StepMetrics.failed(device, len(names))
+        if distributed.rank() == 0:  # the switch state only rank 0 decides
+            vec[FIELD_NAMES.index("llds_on")] = float(self.llds.enabled)
+            vec[FIELD_NAMES.index("llds_lam")] = self.llds.lam
+        with self.collective("end_step reduction"):
+            rows = distributed.gather_rows(vec)  # [world, n]
+            host = StepMetrics.reduce(rows).tolist()  # the one host transfer of the step
+        i_failed = FIELD_NAMES.index("n_failed")
+        if distributed.world_size() == 1:
+            return None if host[i_failed] > 0 else host  # the failure is reported already
+        s = dict(zip(FIELD_NAMES, host[: len(FIELD_NAMES)], strict=True))
+        if s["n_failed"] > 0:
+            failed = [r for r, f in enumerate(rows[:, i_failed].tolist()) if f > 0.5]
+            self._record_rank_failure(
+                "end_step", failed, "those ranks sent zeros; the row holds the other ranks' sums"
+            )
+        on, lam = s["llds_on"], s["llds_lam"]
+        if not math.isnan(on) and self.llds._sync(bool(on > 0.5), lam):
             logger.info("lld_monitor: LLDS state adopted from rank 0")
+        return host
 
+    def _write_row(self, step: int, host: list[float], extra: Mapping[str, Any]) -> dict[str, Any]:
         row: dict[str, Any] = {C.STEP: step, C.TIME: time.time()}
-        n_r = s["n_rewarded"]
-        if n_r > 0:
-            mean = s["reward_sum"] / n_r
-            row[C.REWARD_MEAN] = mean
-            var = (s["reward_sq_sum"] - n_r * mean * mean) / (n_r - 1) if n_r > 1 else float("nan")
-            row[C.REWARD_STD] = math.sqrt(max(var, 0.0)) if not math.isnan(var) else var
-        if s["n_resp"] > 0:
-            row[C.ACCURACY] = s["n_correct_resp"] / s["n_resp"]
-            row[C.COMPLETION_LENGTH] = s["length_sum"] / s["n_resp"]
-        if s["entropy_count"] > 0:
-            row[C.ENTROPY] = s["entropy_sum"] / s["entropy_count"]
-        if s["kl_count"] > 0:
-            row[C.KL] = s["kl_sum"] / s["kl_count"]
-        if s["n_groups"] > 0:
-            row[C.FRAC_ZERO_STD_GROUPS] = s["zero_std_groups"] / s["n_groups"]
-        if s["searches_count"] > 0:
-            row[C.NUM_SEARCHES] = s["searches_sum"] / s["searches_count"]
-        if s["loss_count"] > 0:
-            row[C.LOSS] = s["loss_sum"] / s["loss_count"]
-        if s["grad_count"] > 0:
-            row[C.GRAD_NORM] = s["grad_sum"] / s["grad_count"]
-            row[C.GRAD_NORM_MAX] = s["grad_max"]
-        for k, name in enumerate(names):
-            tot, cnt = fn_vals[2 * k], fn_vals[2 * k + 1]
-            row[C.REWARD_FN_PREFIX + name] = tot / cnt if cnt > 0 else float("nan")
-        if s["n_resp"] > 0:
-            conf_row = stats_from_sums(conf).as_row()
-            row.update({c: conf_row[c] for c in C.CONFIDENCE_COLUMNS})
-        if s["n_probe"] > 0:
-            disp_row = stats_from_sums(disp).as_row()
-            row.update({c: disp_row[c] for c in C.DISPLACEMENT_COLUMNS})
-        on = s["llds_on"] > 0.5
-        row[C.LLDS_ENABLED] = int(on)
-        row[C.LLDS_LAMBDA] = s["llds_lam"] if on else 0.0
-        if s["llds_count"] > 0:
-            row[C.LLDS_LOSS] = s["llds_loss_sum"] / s["llds_count"]
-            row[C.LLDS_FRAC_GATED] = s["llds_frac_sum"] / s["llds_count"]
+        row.update(row_from_sums(host, self.reward_fn_names))
         row.update(extra)
 
         self.last_row = row

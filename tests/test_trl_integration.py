@@ -510,3 +510,64 @@ def test_num_iterations_recomputation_precedes_the_last_update(tmp_path: Any) ->
     # ... and it is still not the post-update policy: step 2's own update comes after it.
     assert (second["logp_new"] - probe.logp_new)[m].abs().max() > 1e-4
     torch.testing.assert_close(probe.logp_old, first["logp_new"], atol=1e-6, rtol=0)
+
+
+def test_finished_generations_schedule_alone() -> None:
+    """A batch generated at micro-step s is finished at s + steps_per_generation*num_iterations."""
+    fin = trl_adapter.finished_generations
+    starts = {0: 0, 1: 4, 2: 8}
+    # steps_per_generation=2, num_iterations=2: each batch serves 4 micro-steps.
+    assert fin(starts, 3, 2, 2) == []
+    assert fin(starts, 4, 2, 2) == [0]
+    assert fin(starts, 8, 2, 2) == [0, 1]
+    assert fin(starts, 9, 2, 2, final=False) == [0, 1]
+    assert fin(starts, 9, 2, 2, final=True) == [0, 1, 2]  # the last optimizer step probes all
+    assert fin({5: 1}, 2, 1, 1) == [5]  # one micro-step per batch: finished at the next step
+    assert fin({}, 10, 1, 1, final=True) == []
+    with pytest.raises(ValueError, match="steps_per_generation and num_iterations must be >= 1"):
+        fin(starts, 1, 0, 1)
+
+
+def test_zero_std_groups_leave_unscored_completions_out() -> None:
+    nan = float("nan")
+    groups = torch.tensor(
+        [
+            [1.0, 1.0, 1.0, 1.0],  # all equal: zero std
+            [1.0, nan, 1.0, 1.0],  # scored ones equal: zero std (TRL: nanstd 0)
+            [1.0, nan, 0.0, 1.0],  # scored ones differ
+            [1.0, nan, nan, nan],  # one scored: no std, not zero
+            [nan, nan, nan, nan],  # none scored
+        ]
+    )
+    assert trl_adapter.zero_std_groups(groups).tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_probe_under_gradient_checkpointing(tmp_path: Any) -> None:
+    """The probe runs with checkpointing off (as TRL's no-grad forwards) and restores it."""
+    monitor = LLDMonitor(tmp_path / "run", probe_fraction=1.0, strict=True, detector=None)
+    trainer = make_grpo_trainer(
+        tmp_path / "tr", max_steps=2, steps_per_generation=2, gradient_checkpointing=True
+    )
+    monitor.attach(trainer)
+    seen: list[bool] = []
+    during: list[bool] = []
+    probing = [False]
+    forward = monitor.adapter._probe_forward
+    trainer.model.register_forward_pre_hook(
+        lambda m, args: during.append(m.is_gradient_checkpointing) if probing[0] else None
+    )
+
+    def probe_forward(plan: Any) -> Any:
+        probing[0] = True
+        try:
+            return forward(plan)
+        finally:
+            probing[0] = False
+            seen.append(trainer.model.is_gradient_checkpointing)  # restored after the probe
+
+    monitor.adapter._probe_forward = probe_forward
+    trainer.train()
+    steps = load_run(tmp_path / "run").steps.set_index(C.STEP)
+    assert during and not any(during)  # off inside the probe forward
+    assert seen == [True]
+    assert steps.loc[2, C.N_CORRECT] + steps.loc[2, C.N_INCORRECT] == 8

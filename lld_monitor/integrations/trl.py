@@ -22,7 +22,7 @@ import importlib.metadata
 import logging
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -147,6 +147,45 @@ def llds_reuse_problem(
     )
 
 
+def zero_std_groups(groups: torch.Tensor) -> torch.Tensor:
+    """Float [N] 1 where a prompt group's scored rewards ([N, G], NaN = unscored) are all equal.
+
+    As TRL's ``frac_reward_zero_std``: unscored completions are left out, and a group with fewer
+    than two scored completions has no standard deviation (not zero).
+    """
+    scored = ~torch.isnan(groups)  # [N, G]
+    n = scored.sum(1)  # [N]
+    filled = torch.where(scored, groups, 0.0)
+    mean = filled.sum(1, keepdim=True) / n.clamp(min=1).unsqueeze(1)  # [N, 1]
+    dev = torch.where(scored, (groups - mean) ** 2, 0.0).sum(1)  # [N]
+    return ((n >= 2) & (dev < 1e-16)).float()
+
+
+def finished_generations(
+    starts: Mapping[int, int],
+    step: int,
+    steps_per_generation: int,
+    num_iterations: int,
+    *,
+    final: bool = False,
+) -> list[int]:
+    """Ids of the generation batches that get no further optimizer update, in order.
+
+    ``starts`` maps a generation id to TRL's micro-step counter (``GRPOTrainer._step``) when it
+    was generated; ``step`` is that counter now. A batch is used for ``steps_per_generation *
+    num_iterations`` micro-steps, so it is finished once ``step >= start + that``; at the last
+    optimizer step (``final``) every batch is. A pure function of the counters: the same on
+    every rank, so ranks agree on which batches to probe without communicating.
+    """
+    if steps_per_generation < 1 or num_iterations < 1:
+        raise ValueError(
+            f"steps_per_generation and num_iterations must be >= 1, got {steps_per_generation} "
+            f"and {num_iterations}"
+        )
+    every = steps_per_generation * num_iterations
+    return sorted(gid for gid, start in starts.items() if final or step >= start + every)
+
+
 class GRPOAdapter(TrainerAdapter):
     """Full LLD monitoring of a TRL ``GRPOTrainer``; one row per optimizer step at on_step_end."""
 
@@ -201,6 +240,9 @@ class GRPOAdapter(TrainerAdapter):
         )
         if self.monitor.reuse_warning and self.monitor.llds.enabled:
             warnings.warn(self.monitor.reuse_warning, UserWarning, stacklevel=3)
+        for name in self.trainer.reward_func_names:  # the same on every rank, in this order
+            if name not in self.monitor.reward_fn_names:
+                self.monitor.reward_fn_names.append(name)
         self.monitor.start(trainer=self.trainer_name, lld_columns=True, **self.meta())
         self._wrap("training_step", self._training_step)
         self._wrap("_get_grad_norm", self._get_grad_norm)
@@ -259,8 +301,7 @@ class GRPOAdapter(TrainerAdapter):
             out[KEY_REWARDS_PER_FUNC] = rpf[start : start + n_local]
             g = tr.num_generations
             if total_all.numel() % g == 0 and g > 1 and tr.accelerator.is_main_process:
-                groups = total_all.view(-1, g)  # [N_all / G, G]
-                zero = (groups.nan_to_num().std(1) < 1e-8).float()
+                zero = zero_std_groups(total_all.view(-1, g))  # [N_all / G]
                 self.monitor.observe_groups(zero.sum(), zero.numel())
         searches = None  # [B]: no tool feedback in this batch means no searches (V = 0)
         if self._tool_counts is not None or out.get("tool_mask") is not None:
@@ -408,28 +449,53 @@ class GRPOAdapter(TrainerAdapter):
 
     def on_step_end(self, state: Any, control: Any) -> None:
         self.probe_records, self.probe_inputs = [], []
-        with self.monitor.guard("post-update probe"):
+        with self.monitor.guard("post-update probe"):  # a CollectiveError goes through
             self._probe_finished(final=state.max_steps > 0 and state.global_step >= state.max_steps)
-        self.finish_step(state.global_step, {})
+        self.finish_step(state.global_step, {})  # every rank reaches the step reduction
 
     def _probe_finished(self, final: bool) -> None:
-        """Probe every generation batch that will get no further update (all of them if final)."""
-        tr = self.trainer
-        every = tr.args.steps_per_generation * tr.num_iterations
-        done = [gid for gid, g in self._gens.items() if final or tr._step >= g["start"] + every]
-        for gid in sorted(done):
-            gen = self._gens.pop(gid)
-            if self.monitor.probe_fraction > 0 and gen["micro"]:
-                self._probe(list(gen["micro"].values()))
+        """Probe every generation batch that will get no further update (all of them if final).
 
-    def _probe(self, micro: list[tuple[dict[str, Any], torch.Tensor]]) -> None:
-        """One no-grad forward of a probe sample of a generation batch under the updated policy."""
+        Which batches are finished is the same on every rank (:func:`finished_generations`). The
+        ranks then agree that each prepared its probe (one small all_reduce) before any forward:
+        under ZeRO-3/FSDP the forward is a collective, so a rank must not skip it alone. A failure
+        inside the forward is a :class:`~lld_monitor.failure.CollectiveError` on several ranks.
+        """
+        tr = self.trainer
+        done = finished_generations(
+            {gid: g["start"] for gid, g in self._gens.items()},
+            tr._step,
+            tr.args.steps_per_generation,
+            tr.num_iterations,
+            final=final,
+        )
+        gens = [self._gens.pop(gid) for gid in done]
+        gens = [g for g in gens if g["micro"]]
+        if not gens or self.monitor.probe_fraction <= 0:
+            return
+        plans: list[dict[str, Any] | None] | None = None
+        with self.monitor.guard("post-update probe"):
+            plans = [self._prepare_probe(list(g["micro"].values())) for g in gens]
+        if not self.monitor.agree("post-update probe", plans is not None):
+            return
+        for plan in plans or []:
+            if plan is None:  # multimodal: skipped on every rank alike
+                continue
+            with self.monitor.collective("post-update probe forward"):
+                logp_new = self._probe_forward(plan)
+            with self.monitor.guard("post-update probe"):
+                self._measure(plan, logp_new)
+
+    def _prepare_probe(
+        self, micro: list[tuple[dict[str, Any], torch.Tensor]]
+    ) -> dict[str, Any] | None:
+        """The probe sample of a generation batch (rows, inputs); None for multimodal batches."""
         first = micro[0][0]
         if any(first.get(k) is not None for k in _MULTIMODAL_KEYS):
             if "multimodal" not in self._warned:
                 self._warned.add("multimodal")
                 logger.warning("lld_monitor: multimodal GRPO batches are not probed (text only)")
-            return
+            return None
         widths = {m[0]["completion_ids"].shape[1] for m in micro} | {
             m[0]["prompt_ids"].shape[1] for m in micro
         }
@@ -455,34 +521,60 @@ class GRPOAdapter(TrainerAdapter):
         rows = (
             torch.randperm(batch, generator=self._rng)[:n].sort().values.to(completion_ids.device)
         )
-        input_ids = torch.cat([cat("prompt_ids"), completion_ids], 1)[rows]  # [n, P+T]
-        attention = torch.cat([cat("prompt_mask"), completion_mask], 1)[rows]  # [n, P+T]
-        original = self._originals["_get_per_token_logps_and_entropies"]
+        rewards = cat(KEY_REWARDS)
+        return {
+            "rows": rows,
+            "input_ids": torch.cat([cat("prompt_ids"), completion_ids], 1)[rows],  # [n, P+T]
+            "attention": torch.cat([cat("prompt_mask"), completion_mask], 1)[rows],  # [n, P+T]
+            "completion_ids": completion_ids[rows],  # [n, T]
+            "completion_mask": completion_mask[rows],  # [n, T]
+            "mask": mask[rows],  # [n, T]
+            "old": old[rows],  # [n, T]
+            "rewards": rewards[rows] if rewards is not None else None,  # [n]
+            "rewards_per_func": None
+            if cat(KEY_REWARDS_PER_FUNC) is None
+            else cat(KEY_REWARDS_PER_FUNC)[rows],  # [n, F]
+            "advantages": cat("advantages")[rows],  # [n] or [n, T]
+        }
+
+    def _probe_forward(self, plan: dict[str, Any]) -> torch.Tensor:
+        """[n, T] log-probs under the updated policy, as TRL runs its own no-grad forwards."""
+        from trl.models.utils import disable_gradient_checkpointing
+
         tr = self.trainer
-        with torch.no_grad():
+        original = self._originals["_get_per_token_logps_and_entropies"]
+        with (
+            torch.no_grad(),
+            disable_gradient_checkpointing(tr.model, tr.args.gradient_checkpointing_kwargs),
+        ):
             logp_new, _, _ = original(
                 tr.model,
-                input_ids,
-                attention,
-                completion_ids.shape[1],
+                plan["input_ids"],
+                plan["attention"],
+                plan["completion_ids"].shape[1],
                 batch_size=tr.args.per_device_train_batch_size,
             )  # [n, T]
-        rewards = cat(KEY_REWARDS)
-        rewards = rewards[rows] if rewards is not None else None
-        adv = cat("advantages")[rows]
+        return logp_new
+
+    def _measure(self, plan: dict[str, Any], logp_new: torch.Tensor) -> None:
+        tr = self.trainer
+        completion_ids, rows = plan["completion_ids"], plan["rows"]
+        rewards, adv = plan["rewards"], plan["advantages"]
+        input_ids, attention = plan["input_ids"], plan["attention"]
+        n = rows.shape[0]
         correct = self.monitor.correct_mask(rewards, adv, n, completion_ids.device)
         tok = getattr(tr.processing_class, "tokenizer", tr.processing_class)
         rec = self.monitor.measure_displacement(
-            old[rows],
+            plan["old"],
             logp_new,
-            mask[rows],
+            plan["mask"],
             correct,
-            token_ids=completion_ids[rows],
+            token_ids=completion_ids,
             rewards=rewards,
             advantages=adv,
             rows=rows,
             tokenizer=tok,
-            completion_mask=completion_mask[rows],  # tool feedback in, padding out
+            completion_mask=plan["completion_mask"],  # tool feedback in, padding out
         )
         self.probe_records.append(rec)
         self.probe_inputs.append((input_ids, attention))

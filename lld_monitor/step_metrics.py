@@ -1,0 +1,229 @@
+"""Step metrics with declared cross-rank reductions (the model: torchmetrics' ``Metric``).
+
+Each field of the per-step vector declares how ranks combine it: ``sum`` (counts and sums, exact),
+``max`` (over ranks, NaN-ignoring) or ``rank0`` (rank 0's value: the LLDS switch state). The
+monitor packs the fields, the K confidence sums, the K probe sums and (sum, count) per reward
+function into one float64 vector; :func:`lld_monitor.distributed.gather_rows` brings every rank's
+vector in one collective and :meth:`StepMetrics.reduce` combines them by the declared rule, the
+same way on every rank. :func:`row_from_sums` turns the reduced sums into the step's columns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lld_monitor import columns as C
+
+SUM, MAX, RANK0 = "sum", "max", "rank0"
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    reduce: str  # SUM, MAX or RANK0
+    doc: str = ""
+
+
+#: The per-step fields, in vector order.
+FIELDS: tuple[Field, ...] = (
+    Field("n_resp", SUM, "responses observed (rollout rows)"),
+    Field("n_rewarded", SUM, "responses with a finite reward"),
+    Field("n_judged", SUM, "responses the correctness rule judged (unscored ones left out)"),
+    Field("reward_sum", SUM),
+    Field("reward_sq_sum", SUM),
+    Field("n_correct_resp", SUM),
+    Field("entropy_sum", SUM),
+    Field("entropy_count", SUM),
+    Field("length_sum", SUM, "generated (non-tool) tokens"),
+    Field("searches_sum", SUM),
+    Field("searches_count", SUM),
+    Field("grad_sum", SUM),
+    Field("grad_count", SUM),
+    Field("loss_sum", SUM),
+    Field("loss_count", SUM),
+    Field("llds_loss_sum", SUM),
+    Field("llds_frac_sum", SUM),
+    Field("llds_count", SUM),
+    Field("kl_sum", SUM),
+    Field("kl_count", SUM),
+    Field("zero_std_groups", SUM, "prompt groups whose scored rewards are all equal"),
+    Field("n_groups", SUM),
+    Field("n_probe", SUM, "probe measurements (post-update forwards) folded in"),
+    Field("n_failed", SUM, "ranks whose part of the step failed (they send zeros)"),
+    Field("llds_on", RANK0, "the switch state: keeps ranks in agreement"),
+    Field("llds_lam", RANK0),
+    Field("grad_max", MAX, "max pre-clip grad norm over the step's updates and the ranks"),
+)
+FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in FIELDS)
+FIELD_INDEX = {name: i for i, name in enumerate(FIELD_NAMES)}
+
+
+def _n_sums() -> int:
+    from lld_monitor.metrics import SUM_FIELDS
+
+    return len(SUM_FIELDS)
+
+
+class StepMetrics:
+    """This rank's sums of the current step, on the trainer's device until :meth:`pack`."""
+
+    def __init__(self) -> None:
+        self.device: torch.device | None = None
+        self.std: dict[str, torch.Tensor | float] = {}
+        self.conf: torch.Tensor | None = None  # [K] displacement_sums of observed rollouts
+        self.disp: torch.Tensor | None = None  # [K] displacement_sums of probed responses
+        self.grad_max: float | torch.Tensor = float("nan")
+        self.reward_fn: dict[str, torch.Tensor] = {}  # name -> [2] (sum, count)
+        self.groups: dict[tuple[str, ...], torch.Tensor] = {}  # field names -> [n] device sums
+
+    def add(self, name: str, value: torch.Tensor | float) -> None:
+        if isinstance(value, torch.Tensor):
+            value = value.detach().float()
+            if self.device is None:
+                self.device = value.device
+        self.std[name] = self.std.get(name, 0.0) + value
+
+    def add_group(self, names: tuple[str, ...], values: list[torch.Tensor]) -> None:
+        """Add device scalars to fields ``names`` with one stack and one add (per micro-batch)."""
+        v = torch.stack(values).detach().float()  # [n]
+        if self.device is None:
+            self.device = v.device
+        prev = self.groups.get(names)
+        self.groups[names] = v if prev is None else prev + v
+
+    def add_grad_max(self, g: torch.Tensor | float) -> None:
+        m = self.grad_max
+        if isinstance(m, float) and math.isnan(m):
+            self.grad_max = g
+        elif isinstance(m, torch.Tensor) or isinstance(g, torch.Tensor):
+            self.grad_max = torch.maximum(torch.as_tensor(m), torch.as_tensor(g))
+        else:
+            self.grad_max = max(m, g)
+
+    def add_reward_fn(self, name: str, part: torch.Tensor) -> None:
+        prev = self.reward_fn.get(name)
+        self.reward_fn[name] = part if prev is None else prev + part
+
+    @staticmethod
+    def length(n_reward_fns: int) -> int:
+        """Length of the packed vector: fields, 2K displacement sums, (sum, count) per function."""
+        return len(FIELDS) + 2 * _n_sums() + 2 * n_reward_fns
+
+    def pack(self, device: torch.device, reward_fns: Sequence[str]) -> torch.Tensor:
+        """[length] float64 vector of every sum (zeros where absent), in one device.
+
+        Packed with a handful of ops (one host-built vector for the plain floats, one stack for
+        the device scalars), not one small tensor per field: this runs every step.
+        """
+        n_sum = _n_sums()
+        unknown = sorted(set(self.reward_fn) - set(reward_fns))
+        if unknown:
+            raise ValueError(
+                f"reward functions {unknown} were not declared; every rank packs the same "
+                f"functions {list(reward_fns)} (declare them with observe_reward_fn on each rank)"
+            )
+        floats = [0.0] * len(FIELDS)
+        t_idx: list[int] = []
+        t_val: list[torch.Tensor] = []
+        for i, name in enumerate(FIELD_NAMES):
+            v = self.std.get(name, 0.0) if name != "grad_max" else self.grad_max
+            if isinstance(v, torch.Tensor):
+                t_idx.append(i)
+                t_val.append(v.reshape(()).float())  # add() made them float32 already: no op
+            else:
+                floats[i] = v  # grad_max stays NaN when this rank had no update
+        std = torch.tensor(floats, dtype=torch.float64, device=device)  # [n_fields]
+        if t_val:
+            idx = torch.tensor(t_idx, device=device)
+            std.index_copy_(0, idx, torch.stack(t_val).to(device, torch.float64))
+        for names, v in self.groups.items():
+            idx = torch.tensor([FIELD_INDEX[n] for n in names], device=device)
+            std.index_add_(0, idx, v.to(device, torch.float64))
+        parts = [std]
+        for sums in (self.conf, self.disp):
+            if sums is None:
+                parts.append(torch.zeros(n_sum, dtype=torch.float64, device=device))
+            else:
+                parts.append(sums.detach().to(device, torch.float64).reshape(-1))
+        zero = torch.zeros(2, dtype=torch.float64, device=device)
+        parts += [self.reward_fn[n].to(device, torch.float64) if n in self.reward_fn else zero
+                  for n in reward_fns]  # fmt: skip
+        return torch.cat(parts)
+
+    @staticmethod
+    def failed(device: torch.device, n_reward_fns: int) -> torch.Tensor:
+        """The vector of a rank whose part of the step failed: zeros, ``n_failed`` 1."""
+        vec = torch.zeros(StepMetrics.length(n_reward_fns), dtype=torch.float64, device=device)
+        vec[FIELD_INDEX["n_failed"]] = 1.0
+        for name in ("grad_max", "llds_on", "llds_lam"):
+            vec[FIELD_INDEX[name]] = math.nan
+        return vec
+
+    @staticmethod
+    def reduce(rows: torch.Tensor) -> torch.Tensor:
+        """[world, n] gathered vectors -> [n] by each field's declared reduction."""
+        out = rows.sum(0)
+        for i, field in enumerate(FIELDS):
+            col = rows[:, i]
+            if field.reduce == RANK0:
+                out[i] = col[0]
+            elif field.reduce == MAX:
+                finite = col[~torch.isnan(col)]
+                out[i] = finite.max() if finite.numel() else math.nan
+        return out
+
+
+def row_from_sums(host: list[float], reward_fns: Sequence[str]) -> dict[str, Any]:
+    """The step's standard, LLD and reward-function columns from the reduced vector."""
+    from lld_monitor.metrics import stats_from_sums
+
+    n_std, n_sum = len(FIELDS), _n_sums()
+    s = dict(zip(FIELD_NAMES, host[:n_std], strict=True))
+    conf = torch.tensor(host[n_std : n_std + n_sum], dtype=torch.float64)
+    disp = torch.tensor(host[n_std + n_sum : n_std + 2 * n_sum], dtype=torch.float64)
+    fn_vals = host[n_std + 2 * n_sum :]
+    row: dict[str, Any] = {}
+    n_r = s["n_rewarded"]
+    if n_r > 0:
+        mean = s["reward_sum"] / n_r
+        row[C.REWARD_MEAN] = mean
+        var = (s["reward_sq_sum"] - n_r * mean * mean) / (n_r - 1) if n_r > 1 else float("nan")
+        row[C.REWARD_STD] = math.sqrt(max(var, 0.0)) if not math.isnan(var) else var
+    if s["n_judged"] > 0:
+        row[C.ACCURACY] = s["n_correct_resp"] / s["n_judged"]
+    if s["n_resp"] > 0:
+        row[C.COMPLETION_LENGTH] = s["length_sum"] / s["n_resp"]
+    if s["entropy_count"] > 0:
+        row[C.ENTROPY] = s["entropy_sum"] / s["entropy_count"]
+    if s["kl_count"] > 0:
+        row[C.KL] = s["kl_sum"] / s["kl_count"]
+    if s["n_groups"] > 0:
+        row[C.FRAC_ZERO_STD_GROUPS] = s["zero_std_groups"] / s["n_groups"]
+    if s["searches_count"] > 0:
+        row[C.NUM_SEARCHES] = s["searches_sum"] / s["searches_count"]
+    if s["loss_count"] > 0:
+        row[C.LOSS] = s["loss_sum"] / s["loss_count"]
+    if s["grad_count"] > 0:
+        row[C.GRAD_NORM] = s["grad_sum"] / s["grad_count"]
+        row[C.GRAD_NORM_MAX] = s["grad_max"]
+    for k, name in enumerate(reward_fns):
+        tot, cnt = fn_vals[2 * k], fn_vals[2 * k + 1]
+        row[C.REWARD_FN_PREFIX + name] = tot / cnt if cnt > 0 else float("nan")
+    if s["n_judged"] > 0:
+        conf_row = stats_from_sums(conf).as_row()
+        row.update({c: conf_row[c] for c in C.CONFIDENCE_COLUMNS})
+    if s["n_probe"] > 0:
+        disp_row = stats_from_sums(disp).as_row()
+        row.update({c: disp_row[c] for c in C.DISPLACEMENT_COLUMNS})
+    on = s["llds_on"] > 0.5  # NaN (rank 0 failed) reads off
+    row[C.LLDS_ENABLED] = int(on)
+    row[C.LLDS_LAMBDA] = s["llds_lam"] if on else 0.0
+    if s["llds_count"] > 0:
+        row[C.LLDS_LOSS] = s["llds_loss_sum"] / s["llds_count"]
+        row[C.LLDS_FRAC_GATED] = s["llds_frac_sum"] / s["llds_count"]
+    return row
