@@ -24,6 +24,7 @@ import torch
 
 from lld_monitor import columns as C
 from lld_monitor import distributed
+from lld_monitor.correctness import CorrectnessRule
 from lld_monitor.events import Alert, make_event
 from lld_monitor.failure import FailurePolicy
 from lld_monitor.step_metrics import FIELD_NAMES, StepMetrics, row_from_sums
@@ -147,6 +148,7 @@ class LLDMonitor:
         correct_fn: Callable[[torch.Tensor | None, torch.Tensor | None], torch.Tensor]
         | None = None,
         correct_threshold: float = 1.0,
+        correct_reward: str | None = None,
         sinks: Sequence[Any] = (),
         detector: Any = True,
         auto_llds: bool = False,
@@ -187,8 +189,7 @@ class LLDMonitor:
                 "that one): a run folder is written once"
             )
         self.probe_fraction = float(probe_fraction)
-        self.correct_fn = correct_fn
-        self.correct_threshold = float(correct_threshold)
+        self.correctness = CorrectnessRule(correct_fn, correct_threshold, correct_reward)
         self.sinks = list(sinks)
         self.auto_llds = bool(auto_llds)
         known = ("stagnation", "decay", "collapse")
@@ -225,6 +226,9 @@ class LLDMonitor:
         self._probed_in_step = 0  # responses probed so far this step (offset of the next probe)
         self._last_rollout: dict[str, Any] | None = None
         self.failures = FailurePolicy(self.strict, self._on_error)
+        self._rule_max = -math.inf  # largest reward the correctness threshold has seen
+        self._varying_steps = 0  # steps with varying rewards and no correct response yet
+        self._threshold_warned = False
         self.reward_fn_names: list[str] = []  # the same on every rank: fixes the vector length
         self._phase: str | None = None
         self._lock = threading.RLock()
@@ -309,6 +313,7 @@ class LLDMonitor:
             "probe_fraction": self.probe_fraction,
             "correct_threshold": self.correct_threshold,
             "correct_fn": getattr(self.correct_fn, "__name__", None),
+            "correctness": self.correctness.describe(),
             "auto_llds": self.auto_llds,
             "auto_llds_on": list(self.auto_llds_on),
             "stop_on_collapse": self.stop_on_collapse,
@@ -417,28 +422,29 @@ class LLDMonitor:
 
     # -- correctness --------------------------------------------------------------------------
 
+    @property
+    def correct_fn(self) -> Callable[..., Any] | None:
+        return self.correctness.correct_fn
+
+    @correct_fn.setter
+    def correct_fn(self, fn: Callable[..., Any] | None) -> None:
+        rule = self.correctness
+        self.correctness = CorrectnessRule(fn, rule.threshold, rule.reward)
+
+    @property
+    def correct_threshold(self) -> float:
+        return self.correctness.threshold
+
     def correct_mask(
         self,
         rewards: torch.Tensor | None,
         advantages: torch.Tensor | None,
         batch: int,
         device: torch.device,
+        rewards_per_func: Mapping[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """[B] bool: correct_fn, else reward >= correct_threshold, else advantage > 0."""
-        if advantages is not None and advantages.dim() == 2:
-            advantages = advantages[:, 0]
-        if self.correct_fn is not None:
-            out = torch.as_tensor(self.correct_fn(rewards, advantages), device=device)
-            if out.shape != (batch,):
-                raise ValueError(
-                    f"correct_fn must return a [B]={batch} tensor, got {tuple(out.shape)}"
-                )
-            return out.bool()
-        if rewards is not None:
-            return rewards.to(device) >= self.correct_threshold
-        if advantages is not None:
-            return advantages.to(device) > 0
-        return torch.zeros(batch, dtype=torch.bool, device=device)
+        """[B] bool by the monitor's correctness rule (lld_monitor/correctness.py)."""
+        return self.correctness(rewards, advantages, batch, device, rewards_per_func)
 
     # -- plain API: observe ---------------------------------------------------------------------
 
@@ -454,6 +460,7 @@ class LLDMonitor:
         num_searches: torch.Tensor | None = None,
         kl: torch.Tensor | None = None,
         completion_mask: torch.Tensor | None = None,
+        rewards_per_func: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         """Record a batch under the sampling policy; ``logp_old``, ``mask``, ``entropy`` are [B, L].
 
@@ -461,6 +468,9 @@ class LLDMonitor:
         entropy and length columns of the current step come from here; the batch is kept for
         :meth:`observe_post_update`. ``completion_mask`` [B, L] (1 on every completion position,
         tool feedback included; 0 on padding) lets the token samples show tool feedback.
+        ``rewards`` [B] is the total reward (NaN = unscored); ``rewards_per_func`` maps each
+        reward function's name to its raw rewards [B] (columns ``reward_fn/<name>``, and the
+        correctness rule's ``correct_reward`` / ``correct_fn``).
         """
         with self.guard("observe_rollout"):
             self._observe_rollout(
@@ -473,6 +483,7 @@ class LLDMonitor:
                 num_searches,
                 kl,
                 completion_mask,
+                rewards_per_func,
             )
 
     def _observe_rollout(
@@ -486,6 +497,7 @@ class LLDMonitor:
         num_searches: torch.Tensor | None,
         kl: torch.Tensor | None = None,
         completion_mask: torch.Tensor | None = None,
+        rewards_per_func: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         from lld_monitor.metrics import displacement_sums
 
@@ -502,8 +514,20 @@ class LLDMonitor:
             rewards = torch.as_tensor(rewards, device=device).detach().float().reshape(-1)
         if advantages is not None:
             advantages = torch.as_tensor(advantages, device=device).detach().float()
-        correct = self.correct_mask(rewards, advantages, batch, device)
+        if rewards_per_func is not None:
+            rewards_per_func = {
+                name: torch.as_tensor(r, device=device).detach().float().reshape(-1)
+                for name, r in rewards_per_func.items()
+            }
+            for name, r in rewards_per_func.items():
+                self.observe_reward_fn(name, r)
+        correct = self.correct_mask(rewards, advantages, batch, device, rewards_per_func)
         acc = self._acc
+        rule_r = self.correctness.rule_rewards(rewards, rewards_per_func)  # [B] or None
+        if rule_r is not None:  # for the "no response reaches the threshold" warning
+            finite_r = rule_r[torch.isfinite(rule_r)]
+            if finite_r.numel():
+                acc.add_max("rule_reward_max", finite_r.max())
         acc.add("n_resp", float(batch))
         n_tok = maskf.sum()
         names, vals = ["n_correct_resp", "length_sum"], [correct.sum(), n_tok]
@@ -962,6 +986,7 @@ class LLDMonitor:
         row: dict[str, Any] = {C.STEP: step, C.TIME: time.time()}
         row.update(row_from_sums(host, self.reward_fn_names))
         row.update(extra)
+        self._check_threshold_reached(row, host[FIELD_NAMES.index("rule_reward_max")])
 
         self.last_row = row
         if self.rank == 0 and self.writer is not None:
@@ -976,6 +1001,46 @@ class LLDMonitor:
                         fn(row)
         self._detect(row, step)
         return row
+
+    #: Steps with varying rewards and no correct response before the threshold warning.
+    THRESHOLD_WARNING_STEPS = 5
+
+    def _check_threshold_reached(self, row: Mapping[str, Any], rule_max: float) -> None:
+        """Warn once when rewards vary but no response has reached the threshold for a while."""
+        rule = self.correctness
+        if self._threshold_warned or not rule.uses_threshold or math.isnan(rule_max):
+            return
+        self._rule_max = max(self._rule_max, rule_max)
+        if self._rule_max >= rule.threshold:
+            self._threshold_warned = True  # reached once: the rule works for this run
+            return
+        if not row.get(C.REWARD_STD, 0.0) > 0:
+            return
+        self._varying_steps += 1
+        if self._varying_steps < self.THRESHOLD_WARNING_STEPS:
+            return
+        self._threshold_warned = True
+        what = f"reward_fn/{rule.reward}" if rule.reward is not None else "the total reward"
+        msg = (
+            f"rewards vary but no response has reached correct_threshold={rule.threshold:g} in "
+            f"{self._varying_steps} steps ({what} at most {self._rule_max:g}): no response is "
+            "'correct', so accuracy is 0 and the *_correct columns, stagnation and decay "
+            "detection are empty. Set correct_threshold, correct_reward='<reward function>' "
+            "or correct_fn (docs/monitor.md, 'What correct means')"
+        )
+        logger.warning("lld_monitor: %s", msg)
+        if self.rank == 0:
+            warnings.warn(msg, UserWarning, stacklevel=2)
+        self._event(
+            make_event(
+                "lifecycle",
+                int(row.get(C.STEP, self.step)),
+                "no_correct_responses",
+                msg,
+                "warning",
+                {"rule_reward_max": self._rule_max, "threshold": rule.threshold},
+            )
+        )
 
     def _write_tokens(self, sources: list[_TokenSource], step: int) -> None:
         """Build the step's token samples and write them to Parquet off the training thread.

@@ -58,6 +58,7 @@ FIELDS: tuple[Field, ...] = (
     Field("llds_on", RANK0, "the switch state: keeps ranks in agreement"),
     Field("llds_lam", RANK0),
     Field("grad_max", MAX, "max pre-clip grad norm over the step's updates and the ranks"),
+    Field("rule_reward_max", MAX, "max reward the correctness threshold was compared with"),
 )
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in FIELDS)
 FIELD_INDEX = {name: i for i, name in enumerate(FIELD_NAMES)}
@@ -78,6 +79,7 @@ class StepMetrics:
         self.conf: torch.Tensor | None = None  # [K] displacement_sums of observed rollouts
         self.disp: torch.Tensor | None = None  # [K] displacement_sums of probed responses
         self.grad_max: float | torch.Tensor = float("nan")
+        self.maxima: dict[str, float | torch.Tensor] = {}  # other MAX fields
         self.reward_fn: dict[str, torch.Tensor] = {}  # name -> [2] (sum, count)
         self.groups: dict[tuple[str, ...], torch.Tensor] = {}  # field names -> [n] device sums
 
@@ -97,13 +99,13 @@ class StepMetrics:
         self.groups[names] = v if prev is None else prev + v
 
     def add_grad_max(self, g: torch.Tensor | float) -> None:
-        m = self.grad_max
-        if isinstance(m, float) and math.isnan(m):
-            self.grad_max = g
-        elif isinstance(m, torch.Tensor) or isinstance(g, torch.Tensor):
-            self.grad_max = torch.maximum(torch.as_tensor(m), torch.as_tensor(g))
-        else:
-            self.grad_max = max(m, g)
+        self.grad_max = _maximum(self.grad_max, g)
+
+    def add_max(self, name: str, value: torch.Tensor | float) -> None:
+        """Fold ``value`` into a MAX field (NaN until the first value)."""
+        if isinstance(value, torch.Tensor):
+            value = value.detach().float()
+        self.maxima[name] = _maximum(self.maxima.get(name, math.nan), value)
 
     def add_reward_fn(self, name: str, part: torch.Tensor) -> None:
         prev = self.reward_fn.get(name)
@@ -130,13 +132,19 @@ class StepMetrics:
         floats = [0.0] * len(FIELDS)
         t_idx: list[int] = []
         t_val: list[torch.Tensor] = []
-        for i, name in enumerate(FIELD_NAMES):
-            v = self.std.get(name, 0.0) if name != "grad_max" else self.grad_max
+        for i, field in enumerate(FIELDS):
+            name = field.name
+            if name == "grad_max":
+                v = self.grad_max
+            elif field.reduce == MAX:
+                v = self.maxima.get(name, math.nan)
+            else:
+                v = self.std.get(name, 0.0)
             if isinstance(v, torch.Tensor):
                 t_idx.append(i)
                 t_val.append(v.reshape(()).float())  # add() made them float32 already: no op
             else:
-                floats[i] = v  # grad_max stays NaN when this rank had no update
+                floats[i] = v  # a MAX field stays NaN when this rank had no value
         std = torch.tensor(floats, dtype=torch.float64, device=device)  # [n_fields]
         if t_val:
             idx = torch.tensor(t_idx, device=device)
@@ -160,8 +168,9 @@ class StepMetrics:
         """The vector of a rank whose part of the step failed: zeros, ``n_failed`` 1."""
         vec = torch.zeros(StepMetrics.length(n_reward_fns), dtype=torch.float64, device=device)
         vec[FIELD_INDEX["n_failed"]] = 1.0
-        for name in ("grad_max", "llds_on", "llds_lam"):
-            vec[FIELD_INDEX[name]] = math.nan
+        for field in FIELDS:
+            if field.reduce != SUM:
+                vec[FIELD_INDEX[field.name]] = math.nan
         return vec
 
     @staticmethod
@@ -176,6 +185,14 @@ class StepMetrics:
                 finite = col[~torch.isnan(col)]
                 out[i] = finite.max() if finite.numel() else math.nan
         return out
+
+
+def _maximum(m: float | torch.Tensor, v: float | torch.Tensor) -> float | torch.Tensor:
+    if isinstance(m, float) and math.isnan(m):
+        return v
+    if isinstance(m, torch.Tensor) or isinstance(v, torch.Tensor):
+        return torch.maximum(torch.as_tensor(m), torch.as_tensor(v))
+    return max(m, v)
 
 
 def row_from_sums(host: list[float], reward_fns: Sequence[str]) -> dict[str, Any]:

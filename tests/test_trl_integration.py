@@ -571,3 +571,58 @@ def test_probe_under_gradient_checkpointing(tmp_path: Any) -> None:
     assert during and not any(during)  # off inside the probe forward
     assert seen == [True]
     assert steps.loc[2, C.N_CORRECT] + steps.loc[2, C.N_INCORRECT] == 8
+
+
+_UNSCORED: list[int] = []
+
+
+def reward_has_a_or_none(completions: list[str], **kwargs: Any) -> list[float | None]:
+    """1.0 with the word 'a', else 0.0, but None (unscored) for one completion in three."""
+    out: list[float | None] = []
+    for i, c in enumerate(completions):
+        out.append(None if i % 3 == 1 else (1.0 if "a" in c.split() else 0.0))
+    _UNSCORED.append(sum(r is None for r in out))
+    return out
+
+
+def test_several_reward_functions_need_a_rule_and_correct_reward_applies(tmp_path: Any) -> None:
+    from lld_grpo_script import reward_has_a
+
+    trainer = make_grpo_trainer(tmp_path / "t0", reward_funcs=[reward_has_a, reward_length])
+    with pytest.warns(UserWarning, match=r"2 reward functions .* and no correctness rule"):
+        LLDMonitor(tmp_path / "r0", detector=None).attach(trainer)
+    with pytest.raises(ValueError, match=r"correct_reward='accuracy' is not a reward function"):
+        LLDMonitor(tmp_path / "r1", correct_reward="accuracy").attach(trainer)
+
+    monitor = LLDMonitor(
+        tmp_path / "run", detector=None, strict=True, correct_reward="reward_has_a"
+    )
+    trainer = make_grpo_trainer(
+        tmp_path / "t", max_steps=2, reward_funcs=[reward_has_a, reward_length]
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # a rule given: no warning
+        monitor.attach(trainer)
+    trainer.train()
+    steps = load_run(tmp_path / "run").steps
+    # reward_has_a is 0/1: accuracy is its mean, whatever reward_length adds to the total.
+    for _, row in steps.iterrows():
+        assert row[C.ACCURACY] == pytest.approx(row[C.REWARD_FN_PREFIX + "reward_has_a"])
+    assert load_run(tmp_path / "run").meta["config"]["correctness"]["correct_reward"] == (
+        "reward_has_a"
+    )
+
+
+def test_unscored_completions_match_trl_statistics(tmp_path: Any) -> None:
+    monitor = LLDMonitor(tmp_path / "run", detector=None, strict=True)
+    trainer = make_grpo_trainer(tmp_path / "t", max_steps=3, reward_funcs=[reward_has_a_or_none])
+    monitor.attach(trainer)
+    trainer.train()
+    steps = load_run(tmp_path / "run").steps.set_index(C.STEP)
+    logged = [h for h in trainer.state.log_history if "reward" in h]
+    assert len(logged) == 3 and sum(_UNSCORED) >= 3  # unscored completions on every step
+    for step, trl_row in enumerate(logged, start=1):
+        row = steps.loc[step]
+        assert row[C.REWARD_MEAN] == pytest.approx(trl_row["reward"], abs=1e-6)
+        assert row[C.FRAC_ZERO_STD_GROUPS] == pytest.approx(trl_row["frac_reward_zero_std"])
+        assert row[C.ACCURACY] == pytest.approx(trl_row["reward"], abs=1e-6)  # 0/1 rewards

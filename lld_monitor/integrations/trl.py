@@ -240,7 +240,21 @@ class GRPOAdapter(TrainerAdapter):
         )
         if self.monitor.reuse_warning and self.monitor.llds.enabled:
             warnings.warn(self.monitor.reuse_warning, UserWarning, stacklevel=3)
-        for name in self.trainer.reward_func_names:  # the same on every rank, in this order
+        names = list(self.trainer.reward_func_names)
+        rule = self.monitor.correctness
+        rule.check_reward_names(names)
+        if len(names) > 1 and not rule.explicit:
+            warnings.warn(
+                f"lld_monitor: this GRPOTrainer has {len(names)} reward functions {names} and "
+                f"no correctness rule: 'correct' means the weighted total reward >= "
+                f"correct_threshold={rule.threshold:g}. With a format reward beside an accuracy "
+                "reward that makes every response correct (or none). Pass correct_reward="
+                "'<the accuracy function>' (and correct_threshold) or correct_fn (docs/monitor.md, "
+                "'What correct means')",
+                UserWarning,
+                stacklevel=3,
+            )
+        for name in names:  # the same on every rank, in this order
             if name not in self.monitor.reward_fn_names:
                 self.monitor.reward_fn_names.append(name)
         self.monitor.start(trainer=self.trainer_name, lld_columns=True, **self.meta())
@@ -383,11 +397,8 @@ class GRPOAdapter(TrainerAdapter):
             entropy=entropies,
             num_searches=searches,
             kl=kl,
+            rewards_per_func=self._per_func(inputs.get(KEY_REWARDS_PER_FUNC)),
         )
-        rpf = inputs.get(KEY_REWARDS_PER_FUNC)
-        if rpf is not None:
-            for i, name in enumerate(self.trainer.reward_func_names):
-                self.monitor.observe_reward_fn(name, rpf[:, i])
         gen_tag = inputs.get(KEY_GENERATION)
         gen = self._gens.get(int(gen_tag)) if gen_tag is not None else None
         if gen is not None:
@@ -395,6 +406,12 @@ class GRPOAdapter(TrainerAdapter):
         if self.monitor.llds.enabled:
             loss = loss + self._llds(logps, old, adv, mask, gen, searches)
         return loss
+
+    def _per_func(self, rpf: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
+        """{reward function name: [B] raw rewards} from TRL's [B, F] (NaN where None)."""
+        if rpf is None:
+            return None
+        return {name: rpf[:, i] for i, name in enumerate(self.trainer.reward_func_names)}
 
     def _llds(
         self,
@@ -562,7 +579,9 @@ class GRPOAdapter(TrainerAdapter):
         rewards, adv = plan["rewards"], plan["advantages"]
         input_ids, attention = plan["input_ids"], plan["attention"]
         n = rows.shape[0]
-        correct = self.monitor.correct_mask(rewards, adv, n, completion_ids.device)
+        correct = self.monitor.correct_mask(
+            rewards, adv, n, completion_ids.device, self._per_func(plan["rewards_per_func"])
+        )
         tok = getattr(tr.processing_class, "tokenizer", tr.processing_class)
         rec = self.monitor.measure_displacement(
             plan["old"],
