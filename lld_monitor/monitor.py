@@ -75,10 +75,15 @@ class LLDSSwitch:
         with self._lock:
             return self._lam
 
+    #: Why LLDS may not be switched on in this run (e.g. active dropout), or None.
+    blocked: str | None = None
+
     def enable(self, lam: float | None = None, *, reason: str = "user") -> None:
         """Switch LLDS on from the next loss computation; optionally set lambda."""
         if lam is not None and (not math.isfinite(float(lam)) or float(lam) < 0):
             raise ValueError(f"LLDS lambda must be a finite number >= 0, got {lam!r}")
+        if self.blocked is not None:
+            raise ValueError(f"LLDS cannot be switched on: {self.blocked}")
         with self._lock:
             self._enabled = True
             if lam is not None:
@@ -159,6 +164,7 @@ class LLDMonitor:
         response_samples_per_step: int = 4,
         strict: bool = False,
         meta: Mapping[str, Any] | None = None,
+        llds_with_dropout: bool = False,
     ) -> None:
         if not 0.0 <= float(probe_fraction) <= 1.0:
             raise ValueError(
@@ -204,6 +210,7 @@ class LLDMonitor:
         self.token_samples_per_step = int(token_samples_per_step)
         self.response_samples_per_step = int(response_samples_per_step)
         self.strict = bool(strict)
+        self.llds_with_dropout = bool(llds_with_dropout)
         self.meta: dict[str, Any] = dict(meta or {})
         self._llds_given = llds is not None
         config = llds if llds is not None else LLDSConfig(enabled=False)
@@ -319,6 +326,7 @@ class LLDMonitor:
             "stop_on_collapse": self.stop_on_collapse,
             "checkpoint_on_collapse": self.checkpoint_on_collapse,
             "token_samples_per_step": self.token_samples_per_step,
+            "llds_with_dropout": self.llds_with_dropout,
             "response_samples_per_step": self.response_samples_per_step,
             "detector": type(self.detector).__name__ if self.detector is not None else None,
             "llds": {
@@ -1117,6 +1125,18 @@ class LLDMonitor:
     def _act(self, alert: Alert, step: int) -> None:
         for action, reason in self.decide(alert):
             if action == "llds_enable":
+                if self.llds.blocked is not None:
+                    self._event(
+                        make_event(
+                            "intervention",
+                            step,
+                            "llds_enable_refused",
+                            f"{reason}: refused, {self.llds.blocked}",
+                            "warning",
+                            {"alert": alert.kind},
+                        )
+                    )
+                    continue
                 lam = self.llds.lam if self._llds_given else AUTO_LLDS_LAMBDA
                 self.llds.enable(lam, reason=reason)
                 continue

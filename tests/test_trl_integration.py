@@ -626,3 +626,47 @@ def test_unscored_completions_match_trl_statistics(tmp_path: Any) -> None:
         assert row[C.REWARD_MEAN] == pytest.approx(trl_row["reward"], abs=1e-6)
         assert row[C.FRAC_ZERO_STD_GROUPS] == pytest.approx(trl_row["frac_reward_zero_std"])
         assert row[C.ACCURACY] == pytest.approx(trl_row["reward"], abs=1e-6)  # 0/1 rewards
+
+
+def _with_attention_dropout(trainer: Any, p: float) -> Any:
+    for module in trainer.model.modules():
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = p  # as a model config with attention_dropout=p builds it
+    return trainer
+
+
+def test_dropout_warns_at_attach_and_refuses_llds_unless_forced(tmp_path: Any) -> None:
+    from lld_monitor.integrations.transformers import active_dropout
+
+    assert active_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1))) == [
+        "1: p=0.1"
+    ]
+    assert active_dropout(torch.nn.Sequential(torch.nn.Dropout(0.0))) == []
+
+    def trainer(name: str) -> Any:
+        return _with_attention_dropout(make_grpo_trainer(tmp_path / name, max_steps=2), 0.3)
+
+    monitor = LLDMonitor(tmp_path / "r0", detector=None, auto_llds=True)
+    with pytest.warns(UserWarning, match=r"attention_dropout=0.3.*auto_llds will not switch"):
+        monitor.attach(trainer("t0"))
+    with pytest.raises(ValueError, match="LLDS cannot be switched on: the model applies dropout"):
+        monitor.llds.enable()
+    alert = Alert(3, "stagnation", "warning", "x", {})
+    monitor._act(alert, 3)  # what an auto_llds alert does: refused, on the record
+    assert not monitor.llds.enabled
+    monitor.close()
+    events = load_run(tmp_path / "r0").events
+    assert "llds_enable_refused" in set(events[C.EVENT_KIND])
+
+    with pytest.raises(ValueError, match=r"refuses LLDS here: the model applies dropout"):
+        LLDMonitor(tmp_path / "r1", llds=LLDSConfig()).attach(trainer("t1"))
+
+    forced = LLDMonitor(tmp_path / "r2", llds=LLDSConfig(), llds_with_dropout=True, detector=None)
+    with pytest.warns(UserWarning, match="applies dropout"):
+        forced.attach(trainer("t2"))
+    assert forced.llds.enabled
+    forced.close()
+
+    with warnings.catch_warnings():  # TRL's default disable_dropout=True, no attention dropout
+        warnings.simplefilter("error", UserWarning)
+        LLDMonitor(tmp_path / "r3", detector=None).attach(make_grpo_trainer(tmp_path / "t3"))

@@ -48,6 +48,38 @@ def signature_problems(cls: type, methods: dict[str, tuple[str, ...]]) -> list[s
     return problems
 
 
+def active_dropout(model: torch.nn.Module) -> list[str]:
+    """Where ``model`` applies dropout in training mode: ``["name: p=0.1", ...]`` (empty if none).
+
+    Finds ``nn.Dropout`` modules with ``p > 0`` (what TRL's ``disable_dropout`` zeroes) and the
+    functional attention dropout of transformers' attention modules (``attention_dropout``,
+    which ``disable_dropout`` leaves as it is).
+    """
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
+            found.append(f"{name or type(module).__name__}: p={module.p:g}")
+        p = getattr(module, "attention_dropout", None)
+        if isinstance(p, int | float) and not isinstance(p, bool) and p > 0:
+            found.append(f"{name}.attention_dropout={p:g}")
+    return found
+
+
+def dropout_problem(model: torch.nn.Module) -> str | None:
+    """Why dropout makes the LLD measurement noise in ``model``, or None without dropout."""
+    found = active_dropout(model)
+    if not found:
+        return None
+    shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return (
+        f"the model applies dropout in training ({shown}): the post-update probe and the LLDS "
+        "term compare two differently-dropped forwards, so the displacement columns are noise "
+        "(with lr 0 most tokens read as displaced) and LLDS puts a gradient on that noise. "
+        "Disable it: GRPOConfig(disable_dropout=True) zeroes nn.Dropout; set the model "
+        "config's attention_dropout=0 too"
+    )
+
+
 class _Callback(TrainerCallback):
     """Forwards Trainer events to the adapter; writes only ``control``."""
 

@@ -33,6 +33,7 @@ from lld_monitor import columns as C
 from lld_monitor.integrations.transformers import (
     TrainerAdapter,
     check_trainer_internals,
+    dropout_problem,
     signature_problems,
 )
 from lld_monitor.metrics import last_action_mask, tool_rounds
@@ -240,6 +241,7 @@ class GRPOAdapter(TrainerAdapter):
         )
         if self.monitor.reuse_warning and self.monitor.llds.enabled:
             warnings.warn(self.monitor.reuse_warning, UserWarning, stacklevel=3)
+        self._check_dropout()
         names = list(self.trainer.reward_func_names)
         rule = self.monitor.correctness
         rule.check_reward_names(names)
@@ -267,6 +269,24 @@ class GRPOAdapter(TrainerAdapter):
         self._wrap("_compute_loss", self._compute_loss)
         self.trainer.add_callback(self.callback)
         self._installed = True
+
+    def _check_dropout(self) -> None:
+        """Warn when the model has active dropout; refuse LLDS then unless forced."""
+        problem = dropout_problem(self.trainer.model)
+        if problem is None:
+            return
+        monitor = self.monitor
+        if monitor.llds_with_dropout:
+            warnings.warn(f"lld_monitor: {problem}", UserWarning, stacklevel=4)
+            return
+        if monitor.llds.enabled:
+            raise ValueError(
+                f"lld_monitor refuses LLDS here: {problem}. Pass "
+                "LLDMonitor(llds_with_dropout=True) to use it anyway"
+            )
+        monitor.llds.blocked = f"{problem} (LLDMonitor(llds_with_dropout=True) forces it)"
+        extra = " auto_llds will not switch LLDS on." if monitor.auto_llds else ""
+        warnings.warn(f"lld_monitor: {problem}.{extra}", UserWarning, stacklevel=4)
 
     # -- wrappers -----------------------------------------------------------------------------
 
