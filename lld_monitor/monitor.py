@@ -165,6 +165,7 @@ class LLDMonitor:
         strict: bool = False,
         meta: Mapping[str, Any] | None = None,
         llds_with_dropout: bool = False,
+        resume: bool = False,
     ) -> None:
         if not 0.0 <= float(probe_fraction) <= 1.0:
             raise ValueError(
@@ -190,10 +191,12 @@ class LLDMonitor:
             and ((self.run_dir / "steps.jsonl").exists() or (self.run_dir / "meta.json").exists())
         ):
             # fail here, not at the first step (where the error would be reported and swallowed)
-            raise FileExistsError(
-                f"{self.run_dir} already holds a run; give the monitor a new folder (or delete "
-                "that one): a run folder is written once"
-            )
+            if not resume:
+                raise FileExistsError(
+                    f"{self.run_dir} already holds a run; give the monitor a new folder (or "
+                    "delete that one), or pass resume=True to continue it (training resumed "
+                    "from a checkpoint)"
+                )
         self.probe_fraction = float(probe_fraction)
         self.correctness = CorrectnessRule(correct_fn, correct_threshold, correct_reward)
         self.sinks = list(sinks)
@@ -211,6 +214,10 @@ class LLDMonitor:
         self.response_samples_per_step = int(response_samples_per_step)
         self.strict = bool(strict)
         self.llds_with_dropout = bool(llds_with_dropout)
+        self.resume = bool(resume)
+        #: Last step already in a resumed folder: rows, token samples and events of steps up to
+        #: it are not written again (a run resumed from an earlier checkpoint replays them).
+        self.resumed_last_step: int | None = None
         self.meta: dict[str, Any] = dict(meta or {})
         self._llds_given = llds is not None
         config = llds if llds is not None else LLDSConfig(enabled=False)
@@ -306,7 +313,14 @@ class LLDMonitor:
             }
             if not lld_columns:
                 full_meta["lld_columns_absent"] = list(C.LLD_COLUMNS)
-            self.writer = RunWriter(self.run_dir, meta=full_meta)
+            if self.resume:
+                from lld_monitor.runlog import is_run_dir, load_run
+
+                if is_run_dir(self.run_dir):
+                    steps = load_run(self.run_dir).steps
+                    if len(steps):
+                        self.resumed_last_step = int(steps[C.STEP].max())
+            self.writer = RunWriter(self.run_dir, meta=full_meta, resume=self.resume)
             self._event(
                 make_event("lifecycle", self.step, "attach", f"monitor attached to {trainer}")
             )
@@ -403,6 +417,10 @@ class LLDMonitor:
         if self.writer is None:
             self._pending_events.append(event)
             return
+        if event.get(C.EVENT_TYPE) in ("alert", "phase", "intervention") and self._replaying(
+            event.get(C.EVENT_STEP)
+        ):
+            return  # written before the interruption
         self.writer.log_event(event)
         for sink in self.sinks:
             fn = getattr(sink, "log_event", None)
@@ -997,7 +1015,7 @@ class LLDMonitor:
         self._check_threshold_reached(row, host[FIELD_NAMES.index("rule_reward_max")])
 
         self.last_row = row
-        if self.rank == 0 and self.writer is not None:
+        if self.rank == 0 and self.writer is not None and not self._replaying(step):
             self.writer.log_step(row)
             self.rows_written += 1
             if self._token_sources:
@@ -1146,6 +1164,67 @@ class LLDMonitor:
                 self.should_save = True
             self._event(
                 make_event("intervention", step, action, reason, "warning", {"alert": alert.kind})
+            )
+
+    # -- resume -------------------------------------------------------------------------------
+
+    def _replaying(self, step: Any) -> bool:
+        """True for a step a resumed folder already holds (replayed after an earlier checkpoint)."""
+        last = self.resumed_last_step
+        return last is not None and isinstance(step, int | float) and step <= last
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs (plain JSON): step, LLDS switch, detector, phase, warnings.
+
+        The adapters save it with every Trainer checkpoint (``trainer_state.json``).
+        """
+        det = self.detector
+        return {
+            "version": 1,
+            "step": self.step,
+            "llds": {"enabled": self.llds.enabled, "lam": self.llds.lam},
+            "phase": self._phase,
+            "detector": det.state_dict() if hasattr(det, "state_dict") else None,
+            "reward_fn_names": list(self.reward_fn_names),
+            "correctness": {
+                "rule_max": self._rule_max if math.isfinite(self._rule_max) else None,
+                "varying_steps": self._varying_steps,
+                "warned": self._threshold_warned,
+            },
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict` (the LLDS switch state is an ``intervention`` event)."""
+        if state.get("version") != 1:
+            raise ValueError(f"unsupported LLDMonitor state version {state.get('version')!r}")
+        self.step = int(state["step"])
+        det_state = state.get("detector")
+        if det_state is not None and hasattr(self.detector, "load_state_dict"):
+            self.detector.load_state_dict(det_state)
+        self._phase = state.get("phase")
+        for name in state.get("reward_fn_names", []):
+            if name not in self.reward_fn_names:
+                self.reward_fn_names.append(name)
+        corr = state.get("correctness") or {}
+        rule_max = corr.get("rule_max")
+        self._rule_max = -math.inf if rule_max is None else float(rule_max)
+        self._varying_steps = int(corr.get("varying_steps", 0))
+        self._threshold_warned = bool(corr.get("warned", False))
+        llds = state["llds"]
+        enabled, lam = bool(llds["enabled"]), float(llds["lam"])
+        self.llds._sync(enabled, lam)
+        with self.guard("resume event"):
+            self._event(
+                make_event(
+                    "lifecycle",
+                    self.step,
+                    "restore",
+                    f"monitor state restored from the checkpoint before step {self.step}: LLDS "
+                    + (f"on (lambda={lam:g})" if enabled else "off")
+                    + f", phase {self._phase}",
+                    "info",
+                    {"llds_enabled": int(enabled), "llds_lam": lam},
+                )
             )
 
     # -- end ----------------------------------------------------------------------------------

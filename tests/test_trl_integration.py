@@ -670,3 +670,70 @@ def test_dropout_warns_at_attach_and_refuses_llds_unless_forced(tmp_path: Any) -
     with warnings.catch_warnings():  # TRL's default disable_dropout=True, no attention dropout
         warnings.simplefilter("error", UserWarning)
         LLDMonitor(tmp_path / "r3", detector=None).attach(make_grpo_trainer(tmp_path / "t3"))
+
+
+class _EnableThenStop(TrainerCallback):
+    """Switches LLDS on at the end of one step; optionally stops training at another."""
+
+    def __init__(self, monitor: LLDMonitor, enable_at: int, stop_at: int | None = None) -> None:
+        self.monitor, self.enable_at, self.stop_at = monitor, enable_at, stop_at
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if state.global_step == self.enable_at:
+            self.monitor.llds.enable(0.5)
+        if state.global_step == self.stop_at:
+            control.should_training_stop = True  # preempted after checkpoint-2
+        return control
+
+
+@pytest.mark.parametrize("rebuild", [False, True], ids=["on_train_begin", "transformers_restore"])
+def test_resume_from_checkpoint_continues_the_run_like_an_uninterrupted_one(
+    tmp_path: Any, rebuild: bool
+) -> None:
+    """rebuild: transformers rebuilds the callback from its saved state (the option's path)."""
+    config = {"max_steps": 4, "steps_per_generation": 2, "save_strategy": "steps", "save_steps": 2}
+    config["restore_callback_states_from_checkpoint"] = rebuild
+
+    def run(name: str, monitor: LLDMonitor, stop_at: int | None, enable: bool, **train: Any):
+        trainer = make_grpo_trainer(tmp_path / name, **config)
+        monitor.attach(trainer)
+        if enable:
+            trainer.add_callback(_EnableThenStop(monitor, 1, stop_at))
+        trainer.train(**train)
+        return trainer
+
+    full = LLDMonitor(tmp_path / "full", probe_fraction=0.5)
+    run("t_full", full, None, True)
+
+    first = LLDMonitor(tmp_path / "run", probe_fraction=0.5)
+    run("t_run", first, 3, True)
+    assert load_run(tmp_path / "run").steps[C.STEP].tolist() == [1, 2, 3]
+    with pytest.raises(FileExistsError, match="pass resume=True to continue it"):
+        LLDMonitor(tmp_path / "run")
+    resumed = LLDMonitor(tmp_path / "run", probe_fraction=0.5, resume=True)
+    run("t_run", resumed, None, False, resume_from_checkpoint=str(tmp_path / "t_run/checkpoint-2"))
+
+    a = load_run(tmp_path / "full")
+    b = load_run(tmp_path / "run")
+    assert b.steps[C.STEP].tolist() == [1, 2, 3, 4]  # appended, step 3 not written twice
+    cols = [c for c in a.steps.columns if c != C.TIME]
+    for (_, ra), (_, rb) in zip(a.steps.iterrows(), b.steps.iterrows(), strict=True):
+        for c in cols:
+            assert rb[c] == pytest.approx(ra[c], rel=1e-5, abs=1e-6, nan_ok=True), (ra[C.STEP], c)
+    # LLDS came back on from the checkpoint (nobody enabled it in the resumed part) ...
+    assert b.steps[C.LLDS_ENABLED].tolist() == [0, 1, 1, 1]
+    assert resumed.llds.enabled and resumed.llds.lam == 0.5
+    # ... and the detector went on from the checkpoint's state, as in the uninterrupted run.
+    assert resumed.detector.state_dict() == full.detector.state_dict()
+    kinds = list(b.events[C.EVENT_KIND])
+    assert kinds.count("llds_enable") == 1 and "resume" in kinds and "restore" in kinds
+    assert b.events[b.events[C.EVENT_KIND] == "restore"][C.EVENT_STEP].tolist() == [3]
+
+
+def test_second_train_call_warns_that_it_runs_unmonitored(tmp_path: Any) -> None:
+    monitor = LLDMonitor(tmp_path / "run", detector=None)
+    trainer = make_grpo_trainer(tmp_path / "t", max_steps=1)
+    monitor.attach(trainer)
+    trainer.train()
+    with pytest.warns(UserWarning, match="this train\\(\\) runs unmonitored"):
+        trainer.train()

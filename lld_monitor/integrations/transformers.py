@@ -10,12 +10,14 @@ from __future__ import annotations
 import inspect
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 from lld_monitor import columns as C
 
@@ -80,15 +82,56 @@ def dropout_problem(model: torch.nn.Module) -> str | None:
     )
 
 
-class _Callback(TrainerCallback):
-    """Forwards Trainer events to the adapter; writes only ``control``."""
+class LLDMonitorCallback(TrainerCallback, ExportableState):
+    """Forwards Trainer events to the adapter; writes only ``control``.
 
-    def __init__(self, adapter: TrainerAdapter) -> None:
-        self.adapter = adapter
+    An ``ExportableState``: the monitor's :meth:`~lld_monitor.LLDMonitor.state_dict` is saved
+    with every checkpoint (``trainer_state.json``) and restored at ``on_train_begin`` when
+    training resumes from one. Each adapter binds a subclass of the same name to itself, so the
+    callback transformers rebuilds with ``restore_callback_states_from_checkpoint=True``
+    (``type(callback)()``) still reaches the live monitor.
+    """
+
+    bound_adapter: TrainerAdapter | None = None
+
+    def __init__(self, adapter: TrainerAdapter | None = None) -> None:
+        self.adapter = adapter if adapter is not None else type(self).bound_adapter
+        if self.adapter is None:
+            raise ValueError("LLDMonitorCallback needs the adapter it forwards to")
+
+    @classmethod
+    def bound_to(cls, adapter: TrainerAdapter) -> LLDMonitorCallback:
+        bound = type(cls.__name__, (cls,), {"bound_adapter": adapter})
+        return bound(adapter)
 
     @property
     def active(self) -> bool:
         return not self.adapter.monitor.closed
+
+    def state(self) -> dict[str, Any]:
+        return {"args": {}, "attributes": {"lld_state": self.adapter.monitor.state_dict()}}
+
+    @property
+    def lld_state(self) -> dict[str, Any]:
+        return self.adapter.monitor.state_dict()
+
+    @lld_state.setter
+    def lld_state(self, value: Mapping[str, Any]) -> None:  # transformers' own restore path
+        self.adapter.callback = self
+        self.adapter.restore(value)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.adapter.monitor.closed:
+            warnings.warn(
+                "lld_monitor: this trainer's monitor was closed when the previous train() ended; "
+                "this train() runs unmonitored. Attach a new LLDMonitor (resume=True on the same "
+                "folder continues it)",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        with self.adapter.hook("on_train_begin"):
+            self.adapter.on_train_begin(state)
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not self.active:
@@ -131,12 +174,13 @@ class TrainerAdapter:
     def __init__(self, monitor: Any, trainer: Trainer) -> None:
         self.monitor = monitor
         self.trainer = trainer
-        self.callback = _Callback(self)
+        self.callback = LLDMonitorCallback.bound_to(self)
         self._originals: dict[str, Callable[..., Any]] = {}
         self._loss: torch.Tensor | None = None
         self._lr: float | None = None
         self._pending: int | None = None  # step whose row waits for on_log
         self._installed = False
+        self._restored = False
         self.hook_seconds = 0.0  # wall time spent in the monitor's hooks (overhead, benchmarks)
 
     @contextmanager
@@ -242,6 +286,41 @@ class TrainerAdapter:
     def finish_step(self, step: int, extra: Mapping[str, Any]) -> dict[str, Any]:
         return self.monitor.end_step(step=step, **{**extra, **self.extra_columns()})
 
+    def on_train_begin(self, state: Any) -> None:
+        """On a resume from a checkpoint, restore the monitor's state saved with it."""
+        if state.global_step <= 0:
+            if self.monitor.resumed_last_step is not None:
+                warnings.warn(
+                    f"lld_monitor: the run folder {self.monitor.run_dir} already holds steps up "
+                    f"to {self.monitor.resumed_last_step} but training starts from step 0: rows "
+                    "of those steps will not be written again. Resume from a checkpoint, or give "
+                    "the monitor a new folder",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            return
+        saved = (state.stateful_callbacks or {}).get(type(self.callback).__name__)
+        if isinstance(saved, list):
+            saved = saved[0] if saved else None
+        lld_state = (saved or {}).get("attributes", {}).get("lld_state")
+        if lld_state is None:
+            warnings.warn(
+                f"lld_monitor: training resumes at step {state.global_step} from a checkpoint "
+                "without the monitor's state (saved before the monitor was attached?): the LLDS "
+                "switch, detector and phase start afresh",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        self.restore(lld_state)
+
+    def restore(self, lld_state: Mapping[str, Any]) -> None:
+        """Load a saved monitor state once (both restore paths may call it)."""
+        if self._restored:
+            return
+        self._restored = True
+        self.monitor.load_state_dict(lld_state)
+
     def on_train_end(self, state: Any) -> None:
         if self._pending is not None:
             step, self._pending = self._pending, None
@@ -256,3 +335,6 @@ class TrainerAdapter:
             control.should_save = True
             self.monitor.should_save = False
         return control
+
+
+_Callback = LLDMonitorCallback  # the former name

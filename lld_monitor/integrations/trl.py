@@ -201,7 +201,6 @@ class GRPOAdapter(TrainerAdapter):
         self._n_gen = 0
         self._capture: list[Any] | None = None
         self._tool_counts: tuple[int, int] | None = None  # (calls, failures) of this generation
-        self._rng = torch.Generator().manual_seed(0)  # probe sampling; never the global RNG
         self._warned: set[str] = set()
         self.probe_records: list[Any] = []  # the ProbeRecords of the last step (tests, drill-down)
         self.probe_inputs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, attention) each
@@ -555,9 +554,9 @@ class GRPOAdapter(TrainerAdapter):
         old = torch.cat([m[1] for m in micro], 0)  # [B, T]
         batch = completion_ids.shape[0]
         n = max(1, math.ceil(self.monitor.probe_fraction * batch))
-        rows = (
-            torch.randperm(batch, generator=self._rng)[:n].sort().values.to(completion_ids.device)
-        )
+        # Seeded by the step: the same sample on every rank and after a resume from a checkpoint.
+        rng = torch.Generator().manual_seed(self.trainer.state.global_step * 1009 + len(micro))
+        rows = torch.randperm(batch, generator=rng)[:n].sort().values.to(completion_ids.device)
         rewards = cat(KEY_REWARDS)
         return {
             "rows": rows,
