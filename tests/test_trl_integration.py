@@ -737,3 +737,35 @@ def test_second_train_call_warns_that_it_runs_unmonitored(tmp_path: Any) -> None
     trainer.train()
     with pytest.warns(UserWarning, match="this train\\(\\) runs unmonitored"):
         trainer.train()
+
+
+def test_subclass_overriding_compute_loss_is_hooked_not_refused(tmp_path: Any) -> None:
+    from trl import GRPOTrainer
+
+    class Keeps(GRPOTrainer):
+        def _compute_loss(self, model: Any, inputs: Any) -> Any:
+            return super()._compute_loss(model, inputs)
+
+    class Forwards(GRPOTrainer):
+        def _compute_loss(self, *args: Any, **kwargs: Any) -> Any:
+            return super()._compute_loss(*args, **kwargs)
+
+    class Renames(GRPOTrainer):
+        def _compute_loss(self, net: Any, batch: Any) -> Any:
+            return super()._compute_loss(net, batch)
+
+    assert trl_adapter.override_problems(Keeps) == []
+    assert trl_adapter.override_problems(Forwards) == []
+    assert trl_adapter.override_problems(Renames) == [
+        "Renames._compute_loss overrides GRPOTrainer._compute_loss with parameters "
+        "('self', 'net', 'batch'), expected ('self', 'model', 'inputs')"
+    ]
+    trainer = make_grpo_trainer(tmp_path / "t", max_steps=1)
+    trainer.__class__ = Keeps  # the same trainer, as the subclass
+    monitor = LLDMonitor(tmp_path / "run", detector=None, strict=True).attach(trainer)
+    trainer.train()
+    assert load_run(tmp_path / "run").steps[C.ACCURACY].notna().all()
+    trainer.__class__ = Renames
+    with pytest.raises(RuntimeError, match=r"cannot hook Renames: Renames._compute_loss overrides"):
+        LLDMonitor(tmp_path / "run2").attach(trainer)
+    assert monitor.closed

@@ -31,6 +31,7 @@ from trl import GRPOTrainer
 
 from lld_monitor import columns as C
 from lld_monitor.integrations.transformers import (
+    WRAPPED_TRAINER_METHODS,
     TrainerAdapter,
     check_trainer_internals,
     dropout_problem,
@@ -126,6 +127,31 @@ def check_grpo_internals(cls: type = GRPOTrainer) -> list[str]:
     return check_trainer_internals(cls) + signature_problems(cls, WRAPPED_GRPO_METHODS)
 
 
+def override_problems(cls: type) -> list[str]:
+    """Wrapped methods a GRPOTrainer subclass overrides with parameters the adapter cannot pass.
+
+    An override is fine when it keeps the leading parameters of GRPOTrainer's method or takes
+    ``*args``; TRL's own internals are checked separately (:func:`check_grpo_internals`).
+    """
+    import inspect
+
+    problems = []
+    for name, params in {**WRAPPED_GRPO_METHODS, **WRAPPED_TRAINER_METHODS}.items():
+        fn = getattr(cls, name, None)
+        if fn is None or fn is getattr(GRPOTrainer, name, None):
+            continue  # not overridden
+        sig = list(inspect.signature(fn).parameters.values())
+        if any(p.kind is p.VAR_POSITIONAL for p in sig):
+            continue
+        got = tuple(p.name for p in sig)[: len(params)]
+        if got != params:
+            problems.append(
+                f"{cls.__name__}.{name} overrides GRPOTrainer.{name} with parameters {got}, "
+                f"expected {params}"
+            )
+    return problems
+
+
 def llds_reuse_problem(
     num_iterations: int, steps_per_generation: int, gradient_accumulation_steps: int
 ) -> str | None:
@@ -192,6 +218,8 @@ class GRPOAdapter(TrainerAdapter):
 
     trainer_name = "trl.GRPOTrainer"
     lld_columns = True
+    #: How many LLDS records strict mode keeps (the most recent micro-batches).
+    LLDS_RECORDS_KEPT = 16
     defer_to_log = False
 
     def __init__(self, monitor: Any, trainer: GRPOTrainer) -> None:
@@ -204,7 +232,8 @@ class GRPOAdapter(TrainerAdapter):
         self._warned: set[str] = set()
         self.probe_records: list[Any] = []  # the ProbeRecords of the last step (tests, drill-down)
         self.probe_inputs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, attention) each
-        self.llds_records: list[dict[str, Any]] = []  # strict mode only: inputs of each LLDS term
+        # strict mode only: inputs of the last LLDS_RECORDS_KEPT LLDS terms (tests, drill-down)
+        self.llds_records: list[dict[str, Any]] = []
 
     def meta(self) -> dict[str, Any]:
         args, tr = self.trainer.args, self.trainer
@@ -224,7 +253,7 @@ class GRPOAdapter(TrainerAdapter):
 
     def install(self) -> None:
         check_trl_version()
-        problems = check_grpo_internals(type(self.trainer))
+        problems = check_grpo_internals(GRPOTrainer)  # TRL's own class: the library's internals
         problems += [
             f"GRPOTrainer.{a} is missing" for a in GRPO_ATTRIBUTES if not hasattr(self.trainer, a)
         ]
@@ -233,6 +262,14 @@ class GRPOAdapter(TrainerAdapter):
                 "lld_monitor cannot hook this GRPOTrainer (TRL internals changed): "
                 + "; ".join(problems)
                 + f". Install trl{TRL_TESTED_RANGE}."
+            )
+        overrides = override_problems(type(self.trainer))
+        if overrides:
+            raise RuntimeError(
+                f"lld_monitor cannot hook {type(self.trainer).__name__}: "
+                + "; ".join(overrides)
+                + ". Keep the overridden methods' leading parameters (or take *args, **kwargs) "
+                "so the adapter can call them as GRPOTrainer does."
             )
         args = self.trainer.args
         self.monitor.reuse_warning = llds_reuse_problem(
@@ -390,6 +427,13 @@ class GRPOAdapter(TrainerAdapter):
     ) -> torch.Tensor:
         """Observe one micro-batch from TRL's own tensors; add ``lam * L_LLDS / GA`` if enabled."""
         if not captured:
+            cls = type(self.trainer)
+            if cls._compute_loss is not GRPOTrainer._compute_loss:
+                raise RuntimeError(
+                    f"{cls.__name__}._compute_loss (an override of GRPOTrainer's) did not call "
+                    "self._get_per_token_logps_and_entropies: the monitor reads the per-token "
+                    "log-probs from that call (LLD columns and LLDS need them)"
+                )
             raise RuntimeError(
                 "GRPOTrainer._compute_loss no longer calls _get_per_token_logps_and_entropies; "
                 f"TRL internals changed (tested: trl{TRL_TESTED_RANGE})"
@@ -477,6 +521,7 @@ class GRPOAdapter(TrainerAdapter):
                     "term": term.detach(),
                 }
             )
+            del self.llds_records[: -self.LLDS_RECORDS_KEPT]  # bounded: no growth per step
         ga = getattr(self.trainer, "current_gradient_accumulation_steps", None)
         ga = ga or self.trainer.args.gradient_accumulation_steps
         return term / ga
