@@ -539,3 +539,12 @@ def test_warning_when_rewards_vary_but_none_reaches_the_threshold(tmp_path: Any)
             ok.end_step()
     assert not [w for w in caught if "correct_threshold" in str(w.message)]
     ok.close()
+
+
+def test_likelihood_displacement_takes_the_loss_tensor_with_grad() -> None:
+    from lld_monitor import likelihood_displacement
+
+    b = _batch()
+    new = b["logp_new"].clone().requires_grad_(True)  # as the README passes it to llds_loss too
+    stats = likelihood_displacement(b["logp_old"], new, b["mask"], rewards=b["rewards"])
+    assert stats.delta_correct == pytest.approx(0.0) and stats.delta_incorrect == pytest.approx(0.5)
