@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +24,26 @@ import torch
 
 from lld_monitor import columns as C
 from lld_monitor import distributed
+from lld_monitor.actions import (  # noqa: F401  (re-exported: the former home)
+    AUTO_LLDS_KINDS,
+    AUTO_LLDS_LAMBDA,
+    COLLAPSE_KINDS,
+    ActionPolicy,
+)
 from lld_monitor.correctness import CorrectnessRule
+from lld_monitor.dispatch import EventDispatcher
 from lld_monitor.events import Alert, make_event
 from lld_monitor.failure import FailurePolicy
 from lld_monitor.step_metrics import FIELD_NAMES, StepMetrics, row_from_sums
+from lld_monitor.token_sampling import (  # noqa: F401  (re-exported: the former home)
+    SAMPLE_RESPONSE,
+    SAMPLE_TOP_TOKEN,
+    ProbeRecord,
+    TokenSampler,
+    TokenSource,
+)
 
 logger = logging.getLogger("lld_monitor")
-
-#: Alert kinds on which ``auto_llds=True`` switches LLDS on (the paper's phases I and II).
-AUTO_LLDS_KINDS: tuple[str, ...] = ("stagnation", "decay")
-#: Alert kinds on which ``stop_on_collapse`` / ``checkpoint_on_collapse`` act.
-COLLAPSE_KINDS: tuple[str, ...] = ("collapse",)
-#: Lambda used by ``auto_llds`` when no ``LLDSConfig`` was given (the paper's value).
-AUTO_LLDS_LAMBDA = 0.2
 
 
 def _check_completion_mask(completion_mask: torch.Tensor | None, ref: torch.Tensor) -> None:
@@ -106,37 +113,6 @@ class LLDSSwitch:
         return changed
 
 
-@dataclass(frozen=True)
-class ProbeRecord:
-    """The last post-update measurement (device tensors, for drill-down and tests)."""
-
-    step: int
-    token_ids: torch.Tensor | None  # [B, L] completion ids of the probed responses
-    mask: torch.Tensor  # [B, L] generated-token mask (tool feedback 0)
-    logp_old: torch.Tensor  # [B, L]
-    logp_new: torch.Tensor  # [B, L]
-    correct: torch.Tensor  # [B] bool
-    delta: torch.Tensor  # [B] summed logp_new - logp_old over generated tokens
-    rows: torch.Tensor | None = None  # [B] indices of the probed rows in the adapter's batch
-    completion_mask: torch.Tensor | None = None  # [B, L] every completion position (0 = padding)
-
-
-#: Values of the token-sample column ``C.TOK_SAMPLE``.
-SAMPLE_RESPONSE = "response"  # a position of a whole sampled response (every completion position)
-SAMPLE_TOP_TOKEN = "top_token"  # one of the step's most displaced tokens, outside those responses
-
-
-@dataclass(frozen=True)
-class _TokenSource:
-    """One post-update measurement kept (rank 0) until ``end_step`` builds the step's samples."""
-
-    record: ProbeRecord
-    rewards: torch.Tensor | None  # [B]
-    advantages: torch.Tensor | None  # [B]
-    tokenizer: Any | None
-    offset: int  # response index of the record's row 0 among the step's probed responses
-
-
 class LLDMonitor:
     """Diagnose the LLD death spiral during training and switch the LLDS regularizer on or off.
 
@@ -172,13 +148,6 @@ class LLDMonitor:
                 f"probe_fraction must be in [0, 1] (0 turns the post-update probe off), "
                 f"got {probe_fraction!r}"
             )
-        if token_samples_per_step < 0:
-            raise ValueError(f"token_samples_per_step must be >= 0, got {token_samples_per_step}")
-        if response_samples_per_step < 0:
-            raise ValueError(
-                f"response_samples_per_step must be >= 0 (0 = no whole responses), "
-                f"got {response_samples_per_step}"
-            )
         from lld_monitor.llds import LLDSConfig
 
         if llds is not None and not isinstance(llds, LLDSConfig):
@@ -199,20 +168,14 @@ class LLDMonitor:
                 )
         self.probe_fraction = float(probe_fraction)
         self.correctness = CorrectnessRule(correct_fn, correct_threshold, correct_reward)
-        self.sinks = list(sinks)
-        self.auto_llds = bool(auto_llds)
-        known = ("stagnation", "decay", "collapse")
-        if isinstance(auto_llds_on, str) or not set(auto_llds_on) <= set(known):
-            raise ValueError(
-                f"auto_llds_on must be a sequence of alert kinds from {known} (default "
-                f"{AUTO_LLDS_KINDS}), got {auto_llds_on!r}"
-            )
-        self.auto_llds_on = tuple(auto_llds_on)
-        self.stop_on_collapse = bool(stop_on_collapse)
-        self.checkpoint_on_collapse = bool(checkpoint_on_collapse)
-        self.token_samples_per_step = int(token_samples_per_step)
-        self.response_samples_per_step = int(response_samples_per_step)
+        self.dispatch = EventDispatcher(sinks, self.guard, self._replayed_event)
+        self.actions = ActionPolicy(
+            auto_llds, auto_llds_on, stop_on_collapse, checkpoint_on_collapse
+        )
         self.strict = bool(strict)
+        self.tokens = TokenSampler(
+            token_samples_per_step, response_samples_per_step, self.strict, self.guard
+        )
         self.llds_with_dropout = bool(llds_with_dropout)
         self.resume = bool(resume)
         #: Last step already in a resumed folder: rows, token samples and events of steps up to
@@ -236,8 +199,6 @@ class LLDMonitor:
         self.should_save = False  # set by checkpoint_on_collapse; reset by the adapter
         self.closed = False
         self._acc = StepMetrics()
-        self._token_sources: list[_TokenSource] = []  # this step's probes (rank 0, sampling on)
-        self._probed_in_step = 0  # responses probed so far this step (offset of the next probe)
         self._last_rollout: dict[str, Any] | None = None
         self.failures = FailurePolicy(self.strict, self._on_error)
         self._rule_max = -math.inf  # largest reward the correctness threshold has seen
@@ -246,8 +207,6 @@ class LLDMonitor:
         self.reward_fn_names: list[str] = []  # the same on every rank: fixes the vector length
         self._phase: str | None = None
         self._lock = threading.RLock()
-        self._pending_events: list[dict[str, Any]] = []
-        self._token_pool: Any | None = None  # one background thread writes token samples
         self.reuse_warning: str | None = None  # set by an adapter when LLDS can never act
         self.last_local_sums: torch.Tensor | None = None  # strict mode: see sum_layout()
 
@@ -321,12 +280,10 @@ class LLDMonitor:
                     if len(steps):
                         self.resumed_last_step = int(steps[C.STEP].max())
             self.writer = RunWriter(self.run_dir, meta=full_meta, resume=self.resume)
-            self._event(
-                make_event("lifecycle", self.step, "attach", f"monitor attached to {trainer}")
+            self.dispatch.open(
+                self.writer,
+                make_event("lifecycle", self.step, "attach", f"monitor attached to {trainer}"),
             )
-            for event in self._pending_events:
-                self._event(event)
-            self._pending_events.clear()
 
     def _config_meta(self) -> dict[str, Any]:
         cfg = self.llds.config
@@ -339,9 +296,9 @@ class LLDMonitor:
             "auto_llds_on": list(self.auto_llds_on),
             "stop_on_collapse": self.stop_on_collapse,
             "checkpoint_on_collapse": self.checkpoint_on_collapse,
-            "token_samples_per_step": self.token_samples_per_step,
+            "token_samples_per_step": self.tokens.token_samples,
             "llds_with_dropout": self.llds_with_dropout,
-            "response_samples_per_step": self.response_samples_per_step,
+            "response_samples_per_step": self.tokens.response_samples,
             "detector": type(self.detector).__name__ if self.detector is not None else None,
             "llds": {
                 "enabled": cfg.enabled,
@@ -414,19 +371,11 @@ class LLDMonitor:
         """Write an event (rank 0) and pass it to the sinks; queued until the run log opens."""
         if self.rank != 0:
             return
-        if self.writer is None:
-            self._pending_events.append(event)
-            return
-        if event.get(C.EVENT_TYPE) in ("alert", "phase", "intervention") and self._replaying(
-            event.get(C.EVENT_STEP)
-        ):
-            return  # written before the interruption
-        self.writer.log_event(event)
-        for sink in self.sinks:
-            fn = getattr(sink, "log_event", None)
-            if fn is not None:
-                with self.guard(f"sink {type(sink).__name__}.log_event"):
-                    fn(event)
+        self.dispatch.event(event)
+
+    @property
+    def sinks(self) -> list[Any]:
+        return self.dispatch.sinks
 
     def _on_llds_change(self, enabled: bool, lam: float, reason: str) -> None:
         state = f"on (lambda={lam:g})" if enabled else "off"
@@ -733,172 +682,12 @@ class LLDMonitor:
             None if completion_mask is None else completion_mask.to(logp_old.device),
         )
         self.last_probe = record
-        sampling = self.token_samples_per_step > 0 or self.response_samples_per_step > 0
-        if sampling and self.rank == 0:
-            adv = advantages
-            if adv is not None and adv.dim() == 2:
-                adv = adv[:, 0]
-            self._token_sources.append(
-                _TokenSource(record, rewards, adv, tokenizer, self._probed_in_step)
-            )
-        self._probed_in_step += int(logp_old.shape[0])
+        self.tokens.add(record, rewards, advantages, tokenizer, keep=self.rank == 0)
         return record
 
-    def token_sample_rows(self, sources: Sequence[_TokenSource] | None = None) -> list[dict]:
-        """The step's token samples: whole responses, then the most displaced other tokens.
-
-        Picks ``response_samples_per_step`` responses (correct ones first, each group by summed
-        change ascending, ties by index) and logs every completion position of each; adds the
-        ``token_samples_per_step`` most displaced generated tokens of the step that are not in
-        those responses. One row per (response, position); text decoded in one tokenizer call.
-        """
-        from lld_monitor.metrics import action_ids, top_displaced_tokens
-
-        sources = list(self._token_sources if sources is None else sources)
-        if not sources:
-            return []
-        # Host copies of the per-response keys: [B] summed change, correct, has positions.
-        keys = []
-        for s in sources:
-            rec = s.record
-            pos = rec.mask != 0 if rec.completion_mask is None else rec.completion_mask != 0
-            pos = pos | (rec.mask != 0)  # [B, L] positions to log
-            keys.append(
-                torch.stack([rec.delta.double(), rec.correct.double(), pos.any(1).double()], 1)
-                .cpu()
-                .tolist()
-            )  # [B, 3]
-        any_correct = any(c > 0.5 for k in keys for _, c, _ in k)
-        cands = []
-        for i, (s, k) in enumerate(zip(sources, keys, strict=True)):
-            for b, (d, c, has) in enumerate(k):
-                if has > 0.5:
-                    d = d if math.isfinite(d) else math.inf
-                    cands.append((0 if c > 0.5 else 1, d, s.offset + b, i, b))
-        cands.sort()
-        picked = cands[: self.response_samples_per_step]
-
-        rows: list[dict] = []
-        for i, s in enumerate(sources):
-            sel = [b for (_, _, _, j, b) in picked if j == i]
-            if sel:
-                rows.extend(self._response_rows(s, sel, action_ids))
-        order = {resp: n for n, (_, _, resp, _, _) in enumerate(picked)}
-        rows.sort(key=lambda r: (order[r[C.TOK_RESPONSE]], r[C.TOK_POSITION]))
-        taken = {(r[C.TOK_RESPONSE], r[C.TOK_POSITION]) for r in rows}
-
-        top: list[dict] = []
-        k = self.token_samples_per_step
-        if k > 0:
-            for s in sources:
-                rec = s.record
-                found = top_displaced_tokens(
-                    rec.logp_old,
-                    rec.logp_new,
-                    rec.mask,
-                    k,
-                    correct=rec.correct,
-                    token_ids=rec.token_ids,
-                    rewards=s.rewards,
-                    advantages=s.advantages,
-                    only_correct=any_correct,  # no correct response: the most displaced overall
-                )
-                for row in found:
-                    row[C.TOK_RESPONSE] += s.offset
-                top.extend(found)
-            top.sort(key=lambda r: (r[C.TOK_DELTA], r[C.TOK_RESPONSE], r[C.TOK_POSITION]))
-            top = top[:k]  # the step's k most displaced tokens, some of them in picked responses
-            for row in top:
-                row[C.TOK_CORRECT] = int(row.get(C.TOK_CORRECT, False))
-                row[C.TOK_SAMPLE] = SAMPLE_TOP_TOKEN
-            top = [r for r in top if (r[C.TOK_RESPONSE], r[C.TOK_POSITION]) not in taken]
-        rows.extend(top)
-        self._add_text(rows, sources)
-        return rows
-
-    @staticmethod
-    def _response_rows(
-        source: _TokenSource, sel: list[int], action_ids: Callable[..., torch.Tensor]
-    ) -> list[dict]:
-        """Rows of every completion position of responses ``sel`` of one probe (one host copy)."""
-        rec = source.record
-        idx = torch.tensor(sel, dtype=torch.long, device=rec.logp_old.device)
-        gen = rec.mask[idx] != 0  # [n, L]
-        pos = gen if rec.completion_mask is None else (rec.completion_mask[idx] != 0) | gen
-        nan = torch.full((), math.nan, dtype=torch.float64, device=idx.device)
-        old = rec.logp_old[idx].double()  # [n, L]
-        new = rec.logp_new[idx].double()  # [n, L]
-        ids = (
-            rec.token_ids[idx].to(idx.device).double()
-            if rec.token_ids is not None
-            else torch.full_like(old, -1.0)
-        )  # [n, L]
-        table = torch.stack(
-            [
-                pos.double(),
-                ids,
-                action_ids(gen).double(),
-                gen.double(),
-                torch.where(gen, old, nan),
-                torch.where(gen, new - old, nan),
-            ],
-            -1,
-        )  # [n, L, 6]
-        resp = {}  # per-response constants: correct, reward, advantage
-        per = [rec.correct[idx].double()]
-        names = [C.TOK_CORRECT]
-        for name, t in ((C.TOK_REWARD, source.rewards), (C.TOK_ADVANTAGE, source.advantages)):
-            if t is not None:
-                per.append(t.reshape(-1)[idx.to(t.device)].to(idx.device).double())
-                names.append(name)
-        for b, vals in zip(sel, torch.stack(per, 1).cpu().tolist(), strict=True):
-            resp[b] = dict(zip(names, vals, strict=True))
-        out: list[dict] = []
-        for b, positions in zip(sel, table.cpu().tolist(), strict=True):
-            const = resp[b]
-            for p, (inside, tid, action, is_gen, lp_old, dl) in enumerate(positions):
-                if inside < 0.5:
-                    continue  # padding
-                row = {
-                    C.TOK_RESPONSE: source.offset + b,
-                    C.TOK_POSITION: p,
-                    C.TOK_TOKEN_ID: int(tid),
-                    C.TOK_ACTION: int(action),
-                    C.TOK_GENERATED: int(is_gen),
-                    C.TOK_LOGP_OLD: lp_old,
-                    C.TOK_DELTA: dl,
-                    C.TOK_CORRECT: int(const[C.TOK_CORRECT] > 0.5),
-                    C.TOK_SAMPLE: SAMPLE_RESPONSE,
-                }
-                for name in (C.TOK_REWARD, C.TOK_ADVANTAGE):
-                    if name in const:
-                        row[name] = const[name]
-                out.append(row)
-        return out
-
-    @staticmethod
-    def _add_text(rows: list[dict], sources: Sequence[_TokenSource]) -> None:
-        """Set ``C.TOK_TEXT`` on every row: one batched tokenizer call per step ('' without one)."""
-        tokenizer = next((s.tokenizer for s in sources if s.tokenizer is not None), None)
-        ids = sorted({r[C.TOK_TOKEN_ID] for r in rows if r.get(C.TOK_TOKEN_ID, -1) >= 0})
-        texts: dict[int, str] = {}
-        if tokenizer is not None and ids:
-            if hasattr(tokenizer, "batch_decode"):
-                decoded = tokenizer.batch_decode(
-                    [[i] for i in ids],
-                    skip_special_tokens=False,
-                    clean_up_tokenization_spaces=False,
-                )
-            elif hasattr(tokenizer, "convert_ids_to_tokens"):
-                decoded = tokenizer.convert_ids_to_tokens(ids)
-            else:
-                raise ValueError(
-                    f"tokenizer {type(tokenizer).__name__} has neither batch_decode nor "
-                    "convert_ids_to_tokens; pass a transformers tokenizer, or none (text '')"
-                )
-            texts = dict(zip(ids, (str(t) for t in decoded), strict=True))
-        for row in rows:
-            row[C.TOK_TEXT] = texts.get(row.get(C.TOK_TOKEN_ID, -1), "")
+    def token_sample_rows(self, sources: Sequence[TokenSource] | None = None) -> list[dict]:
+        """The step's token samples (lld_monitor/token_sampling.py, ``sample_rows``)."""
+        return self.tokens.rows(sources)
 
     # -- plain API: LLDS ------------------------------------------------------------------------
 
@@ -968,7 +757,7 @@ class LLDMonitor:
             with self.guard("end_step"):
                 row = self._write_row(step, host, extra_columns)
         self._acc = StepMetrics()
-        self._token_sources, self._probed_in_step = [], 0
+        self.tokens.reset()
         self.step = (row.get(C.STEP, step) if row else step) + 1
         return row
 
@@ -1016,15 +805,9 @@ class LLDMonitor:
 
         self.last_row = row
         if self.rank == 0 and self.writer is not None and not self._replaying(step):
-            self.writer.log_step(row)
+            self.dispatch.row(row)
             self.rows_written += 1
-            if self._token_sources:
-                self._write_tokens(self._token_sources, step)
-            for sink in self.sinks:
-                fn = getattr(sink, "log_step", None)
-                if fn is not None:
-                    with self.guard(f"sink {type(sink).__name__}.log_step"):
-                        fn(row)
+            self.tokens.write(self.writer, step)
         self._detect(row, step)
         return row
 
@@ -1068,26 +851,6 @@ class LLDMonitor:
             )
         )
 
-    def _write_tokens(self, sources: list[_TokenSource], step: int) -> None:
-        """Build the step's token samples and write them to Parquet off the training thread.
-
-        In strict mode inline, raising. The sources hold detached tensors no one mutates.
-        """
-        if self.strict:
-            self.writer.log_tokens(self.token_sample_rows(sources), step)
-            return
-        if self._token_pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._token_pool = ThreadPoolExecutor(1, thread_name_prefix="lld_monitor_tokens")
-        writer = self.writer
-
-        def write() -> None:
-            with self.guard("log_tokens"):
-                writer.log_tokens(self.token_sample_rows(sources), step)
-
-        self._token_pool.submit(write)
-
     # -- detector and actions -------------------------------------------------------------------
 
     def _detect(self, row: Mapping[str, Any], step: int) -> None:
@@ -1117,28 +880,36 @@ class LLDMonitor:
             self._phase = phase
         for alert in alerts:
             self._event(alert.to_event())
-            for sink in self.sinks:
-                fn = getattr(sink, "alert", None)
-                if fn is not None:
-                    with self.guard(f"sink {type(sink).__name__}.alert"):
-                        fn(alert)
+            self.dispatch.alert(alert)
             self._act(alert, step)
 
     def decide(self, alert: Alert) -> list[tuple[str, str]]:
         """The actions this monitor's settings take on ``alert``: ``[(action, reason), ...]``."""
-        actions = []
-        if self.auto_llds and alert.kind in self.auto_llds_on and not self.llds.enabled:
-            actions.append(
-                ("llds_enable", f"auto_llds on a {alert.kind} alert at step {alert.step}")
-            )
-        if alert.kind in COLLAPSE_KINDS:
-            if self.stop_on_collapse:
-                actions.append(
-                    ("stop", f"stop_on_collapse on a collapse alert at step {alert.step}")
-                )
-            if self.checkpoint_on_collapse:
-                actions.append(("checkpoint", f"checkpoint_on_collapse at step {alert.step}"))
-        return actions
+        return self.actions.decide(alert, self.llds.enabled)
+
+    @property
+    def auto_llds(self) -> bool:
+        return self.actions.auto_llds
+
+    @property
+    def auto_llds_on(self) -> tuple[str, ...]:
+        return self.actions.auto_llds_on
+
+    @property
+    def stop_on_collapse(self) -> bool:
+        return self.actions.stop_on_collapse
+
+    @property
+    def checkpoint_on_collapse(self) -> bool:
+        return self.actions.checkpoint_on_collapse
+
+    @property
+    def token_samples_per_step(self) -> int:
+        return self.tokens.token_samples
+
+    @property
+    def response_samples_per_step(self) -> int:
+        return self.tokens.response_samples
 
     def _act(self, alert: Alert, step: int) -> None:
         for action, reason in self.decide(alert):
@@ -1167,6 +938,13 @@ class LLDMonitor:
             )
 
     # -- resume -------------------------------------------------------------------------------
+
+    def _replayed_event(self, event: Mapping[str, Any]) -> bool:
+        """An alert/phase/intervention event of a step the resumed folder already holds."""
+        kind = event.get(C.EVENT_TYPE)
+        return kind in ("alert", "phase", "intervention") and self._replaying(
+            event.get(C.EVENT_STEP)
+        )
 
     def _replaying(self, step: Any) -> bool:
         """True for a step a resumed folder already holds (replayed after an earlier checkpoint)."""
@@ -1237,14 +1015,9 @@ class LLDMonitor:
         if self.adapter is not None:
             with self.guard("adapter.uninstall"):
                 self.adapter.uninstall()
-        for sink in self.sinks:
-            fn = getattr(sink, "close", None)
-            if fn is not None:
-                with self.guard(f"sink {type(sink).__name__}.close"):
-                    fn()
+        self.dispatch.close()
         if self.writer is not None:
-            if self._token_pool is not None:
-                self._token_pool.shutdown(wait=True)  # pending token files first
+            self.tokens.close()  # pending token files first
             with self.guard("run log close"):
                 self.writer.close(error=error)
 
