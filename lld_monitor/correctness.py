@@ -22,6 +22,7 @@ reward. docs/monitor.md ("What correct means") has the table.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -139,6 +140,59 @@ class CorrectnessRule:
         if rewards is not None:  # unscored: neither correct nor incorrect
             out = out & torch.isfinite(rewards.reshape(-1).to(device))
         return out
+
+
+class ThresholdWatch:
+    """Notices a threshold no response reaches while the rewards vary (a silent empty rule)."""
+
+    #: Steps with varying rewards and no correct response before the warning.
+    STEPS = 5
+
+    def __init__(self, rule: CorrectnessRule) -> None:
+        self.rule = rule
+        self.rule_max = -math.inf  # largest reward the threshold has been compared with
+        self.varying_steps = 0  # steps with varying rewards and no correct response yet
+        self.done = False  # warned, or the threshold was reached once
+
+    def update(self, row: Mapping[str, Any], rule_max: float) -> str | None:
+        """The warning to give after this step's ``row`` (once), else None."""
+        from lld_monitor import columns as C
+
+        rule = self.rule
+        if self.done or not rule.uses_threshold or math.isnan(rule_max):
+            return None
+        self.rule_max = max(self.rule_max, rule_max)
+        if self.rule_max >= rule.threshold:
+            self.done = True  # reached once: the rule works for this run
+            return None
+        if not row.get(C.REWARD_STD, 0.0) > 0:
+            return None
+        self.varying_steps += 1
+        if self.varying_steps < self.STEPS:
+            return None
+        self.done = True
+        what = f"reward_fn/{rule.reward}" if rule.reward is not None else "the total reward"
+        return (
+            f"rewards vary but no response has reached correct_threshold={rule.threshold:g} in "
+            f"{self.varying_steps} steps ({what} at most {self.rule_max:g}): no response is "
+            "'correct', so accuracy is 0 and the *_correct columns, stagnation and decay "
+            "detection are empty. Set correct_threshold, correct_reward='<reward function>' "
+            "or correct_fn (docs/monitor.md, 'What correct means')"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        finite = math.isfinite(self.rule_max)
+        return {
+            "rule_max": self.rule_max if finite else None,
+            "varying_steps": self.varying_steps,
+            "warned": self.done,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        rule_max = state.get("rule_max")
+        self.rule_max = -math.inf if rule_max is None else float(rule_max)
+        self.varying_steps = int(state.get("varying_steps", 0))
+        self.done = bool(state.get("warned", False))
 
 
 def _takes_three(fn: Callable[..., Any]) -> bool:

@@ -16,7 +16,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +29,11 @@ from lld_monitor.actions import (  # noqa: F401  (re-exported: the former home)
     COLLAPSE_KINDS,
     ActionPolicy,
 )
-from lld_monitor.correctness import CorrectnessRule
+from lld_monitor.correctness import CorrectnessRule, ThresholdWatch
 from lld_monitor.dispatch import EventDispatcher
 from lld_monitor.events import Alert, make_event
 from lld_monitor.failure import FailurePolicy
+from lld_monitor.llds_switch import LLDSSwitch
 from lld_monitor.step_metrics import FIELD_NAMES, StepMetrics, row_from_sums
 from lld_monitor.token_sampling import (  # noqa: F401  (re-exported: the former home)
     SAMPLE_RESPONSE,
@@ -53,64 +53,6 @@ def _check_completion_mask(completion_mask: torch.Tensor | None, ref: torch.Tens
             f"completion_mask must be [B, L] = {list(ref.shape)} like the log-probs and mask, got "
             f"{tuple(completion_mask.shape)} (1 on every completion position, 0 on padding)"
         )
-
-
-class LLDSSwitch:
-    """Thread-safe LLDS on/off switch with its lambda; every change is an intervention event."""
-
-    def __init__(self, config: Any, on_change: Callable[[bool, float, str], None]) -> None:
-        self._lock = threading.Lock()
-        self._config = config
-        self._enabled = bool(config.enabled)
-        self._lam = float(config.lam)
-        self._on_change = on_change
-
-    @property
-    def config(self) -> Any:
-        """The ``LLDSConfig`` (gate, normalisation, answer weighting) with the lambda in force."""
-        with self._lock:
-            return replace(self._config, lam=self._lam, enabled=self._enabled)
-
-    @property
-    def enabled(self) -> bool:
-        with self._lock:
-            return self._enabled
-
-    @property
-    def lam(self) -> float:
-        """Lambda that applies while enabled (kept when disabled)."""
-        with self._lock:
-            return self._lam
-
-    #: Why LLDS may not be switched on in this run (e.g. active dropout), or None.
-    blocked: str | None = None
-
-    def enable(self, lam: float | None = None, *, reason: str = "user") -> None:
-        """Switch LLDS on from the next loss computation; optionally set lambda."""
-        if lam is not None and (not math.isfinite(float(lam)) or float(lam) < 0):
-            raise ValueError(f"LLDS lambda must be a finite number >= 0, got {lam!r}")
-        if self.blocked is not None:
-            raise ValueError(f"LLDS cannot be switched on: {self.blocked}")
-        with self._lock:
-            self._enabled = True
-            if lam is not None:
-                self._lam = float(lam)
-            enabled, lam_now = self._enabled, self._lam
-        self._on_change(enabled, lam_now, reason)
-
-    def disable(self, *, reason: str = "user") -> None:
-        """Switch LLDS off from the next loss computation."""
-        with self._lock:
-            self._enabled = False
-            lam_now = self._lam
-        self._on_change(False, lam_now, reason)
-
-    def _sync(self, enabled: bool, lam: float) -> bool:
-        """Adopt rank 0's state without an event; True when it changed."""
-        with self._lock:
-            changed = enabled != self._enabled or (enabled and abs(lam - self._lam) > 1e-12)
-            self._enabled, self._lam = enabled, lam if enabled else self._lam
-        return changed
 
 
 class LLDMonitor:
@@ -201,9 +143,7 @@ class LLDMonitor:
         self._acc = StepMetrics()
         self._last_rollout: dict[str, Any] | None = None
         self.failures = FailurePolicy(self.strict, self._on_error)
-        self._rule_max = -math.inf  # largest reward the correctness threshold has seen
-        self._varying_steps = 0  # steps with varying rewards and no correct response yet
-        self._threshold_warned = False
+        self.threshold_watch = ThresholdWatch(self.correctness)
         self.reward_fn_names: list[str] = []  # the same on every rank: fixes the vector length
         self._phase: str | None = None
         self._lock = threading.RLock()
@@ -405,6 +345,7 @@ class LLDMonitor:
     def correct_fn(self, fn: Callable[..., Any] | None) -> None:
         rule = self.correctness
         self.correctness = CorrectnessRule(fn, rule.threshold, rule.reward)
+        self.threshold_watch.rule = self.correctness
 
     @property
     def correct_threshold(self) -> float:
@@ -474,8 +415,6 @@ class LLDMonitor:
         completion_mask: torch.Tensor | None = None,
         rewards_per_func: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
-        from lld_monitor.metrics import displacement_sums
-
         if logp_old.dim() != 2 or logp_old.shape != mask.shape:
             raise ValueError(
                 f"logp_old and mask must both be [B, L], got {tuple(logp_old.shape)} and "
@@ -484,7 +423,6 @@ class LLDMonitor:
         _check_completion_mask(completion_mask, mask)
         logp_old = logp_old.detach()
         batch, device = logp_old.shape[0], logp_old.device
-        maskf = mask.to(device=device, dtype=torch.float32)  # [B, L]; exact counts under bf16
         if rewards is not None:
             rewards = torch.as_tensor(rewards, device=device).detach().float().reshape(-1)
         if advantages is not None:
@@ -497,44 +435,10 @@ class LLDMonitor:
             for name, r in rewards_per_func.items():
                 self.observe_reward_fn(name, r)
         correct = self.correct_mask(rewards, advantages, batch, device, rewards_per_func)
-        acc = self._acc
         rule_r = self.correctness.rule_rewards(rewards, rewards_per_func)  # [B] or None
-        if rule_r is not None:  # for the "no response reaches the threshold" warning
-            finite_r = rule_r[torch.isfinite(rule_r)]
-            if finite_r.numel():
-                acc.add_max("rule_reward_max", finite_r.max())
-        acc.add("n_resp", float(batch))
-        n_tok = maskf.sum()
-        names, vals = ["n_correct_resp", "length_sum"], [correct.sum(), n_tok]
-        scored_mask = mask.to(device)
-        if rewards is not None:
-            finite = torch.isfinite(rewards)  # [B]; unscored (None/NaN) left out as TRL does
-            r = torch.where(finite, rewards, 0.0)  # [B]
-            names += ["n_rewarded", "n_judged", "reward_sum", "reward_sq_sum"]
-            vals += [finite.sum(), finite.sum(), r.sum(), r.dot(r)]
-            scored_mask = scored_mask * finite[:, None].to(scored_mask.dtype)
-        else:
-            acc.add("n_judged", float(batch))
-        if entropy is not None:
-            ent = entropy.detach().float()
-            if ent.dim() == 2:
-                names += ["entropy_sum", "entropy_count"]
-                vals += [(ent * maskf).sum(), n_tok]
-            else:
-                names.append("entropy_sum")
-                vals.append(ent.sum())
-                acc.add("entropy_count", float(ent.numel()))
-        if kl is not None:
-            names += ["kl_sum", "kl_count"]
-            vals += [(kl.detach().float() * maskf).sum(), n_tok]
-        if num_searches is not None:
-            ns = torch.as_tensor(num_searches, device=device).float().reshape(-1)
-            names.append("searches_sum")
-            vals.append(ns.sum())
-            acc.add("searches_count", float(ns.numel()))
-        acc.add_group(tuple(names), [v.float() for v in vals])
-        sums = displacement_sums(logp_old, None, scored_mask, correct)
-        acc.conf = sums if acc.conf is None else acc.conf + sums
+        self._acc.add_rollout(
+            logp_old, mask, correct, rewards, entropy, kl, num_searches, rule_rewards=rule_r
+        )
         self._last_rollout = {
             "logp_old": logp_old,
             "mask": mask.to(device),
@@ -548,12 +452,7 @@ class LLDMonitor:
     def observe_reward_fn(self, name: str, rewards: torch.Tensor) -> None:
         """Add the raw rewards [B] of one reward function (column ``reward_fn/<name>``)."""
         with self.guard("observe_reward_fn"):
-            r = rewards.detach().float().reshape(-1)
-            finite = torch.isfinite(r)
-            part = torch.stack(
-                [torch.where(finite, r, torch.zeros_like(r)).sum(), finite.sum().float()]
-            )
-            self._acc.add_reward_fn(name, part)
+            self._acc.add_reward_fn(name, rewards)
 
     def observe_groups(self, n_zero_std: torch.Tensor | float, n_groups: int) -> None:
         """Add prompt groups whose rewards were all equal (column ``frac_zero_std_groups``)."""
@@ -569,34 +468,9 @@ class LLDMonitor:
     ) -> None:
         """Record one optimizer update: pre-clip ``grad_norm``, ``loss``, an ``LLDSOutput``."""
         with self.guard("observe_update"):
-            acc = self._acc
-            if grad_norm is not None:
-                g = (
-                    grad_norm.detach().float()
-                    if isinstance(grad_norm, torch.Tensor)
-                    else float(grad_norm)
-                )
-                acc.add("grad_sum", g)
-                acc.add("grad_count", 1.0)
-                acc.add_grad_max(g)
-            if loss is not None:
-                acc.add(
-                    "loss_sum",
-                    loss.detach().float() if isinstance(loss, torch.Tensor) else float(loss),
-                )
-                acc.add("loss_count", 1.0)
+            self._acc.add_update(grad_norm, loss)
             if llds_out is not None:
-                self._record_llds(llds_out)
-
-    def _record_llds(self, out: Any) -> None:
-        acc = self._acc
-        acc.add("llds_loss_sum", out.loss.detach().float())
-        frac = out.frac_gated
-        acc.add(
-            "llds_frac_sum",
-            frac.detach().float() if isinstance(frac, torch.Tensor) else float(frac),
-        )
-        acc.add("llds_count", 1.0)
+                self._acc.add_llds(llds_out)
 
     def observe_post_update(
         self,
@@ -664,10 +538,7 @@ class LLDMonitor:
         if rewards is not None:  # unscored responses are in neither likelihood group
             finite = torch.isfinite(rewards.reshape(-1).to(mask.device))  # [B]
             scored_mask = mask * finite[:, None].to(mask.dtype)
-        sums = displacement_sums(logp_old, logp_new, scored_mask, correct)
-        acc = self._acc
-        acc.disp = sums if acc.disp is None else acc.disp + sums
-        acc.add("n_probe", 1.0)
+        self._acc.add_probe(displacement_sums(logp_old, logp_new, scored_mask, correct))
         maskf = mask.to(logp_old.dtype)
         delta = ((logp_new - logp_old) * maskf).sum(-1)  # [B]
         record = ProbeRecord(
@@ -726,7 +597,7 @@ class LLDMonitor:
                 normalize=cfg.normalize,
                 **kw,
             )
-            self._record_llds(out)
+            self._acc.add_llds(out)
             return cfg.lam * out.loss, out
         except Exception as err:
             if self.strict:
@@ -811,32 +682,11 @@ class LLDMonitor:
         self._detect(row, step)
         return row
 
-    #: Steps with varying rewards and no correct response before the threshold warning.
-    THRESHOLD_WARNING_STEPS = 5
-
     def _check_threshold_reached(self, row: Mapping[str, Any], rule_max: float) -> None:
         """Warn once when rewards vary but no response has reached the threshold for a while."""
-        rule = self.correctness
-        if self._threshold_warned or not rule.uses_threshold or math.isnan(rule_max):
+        msg = self.threshold_watch.update(row, rule_max)
+        if msg is None:
             return
-        self._rule_max = max(self._rule_max, rule_max)
-        if self._rule_max >= rule.threshold:
-            self._threshold_warned = True  # reached once: the rule works for this run
-            return
-        if not row.get(C.REWARD_STD, 0.0) > 0:
-            return
-        self._varying_steps += 1
-        if self._varying_steps < self.THRESHOLD_WARNING_STEPS:
-            return
-        self._threshold_warned = True
-        what = f"reward_fn/{rule.reward}" if rule.reward is not None else "the total reward"
-        msg = (
-            f"rewards vary but no response has reached correct_threshold={rule.threshold:g} in "
-            f"{self._varying_steps} steps ({what} at most {self._rule_max:g}): no response is "
-            "'correct', so accuracy is 0 and the *_correct columns, stagnation and decay "
-            "detection are empty. Set correct_threshold, correct_reward='<reward function>' "
-            "or correct_fn (docs/monitor.md, 'What correct means')"
-        )
         logger.warning("lld_monitor: %s", msg)
         if self.rank == 0:
             warnings.warn(msg, UserWarning, stacklevel=2)
@@ -847,7 +697,7 @@ class LLDMonitor:
                 "no_correct_responses",
                 msg,
                 "warning",
-                {"rule_reward_max": self._rule_max, "threshold": rule.threshold},
+                {"rule_reward_max": self.threshold_watch.rule_max},
             )
         )
 
@@ -964,11 +814,7 @@ class LLDMonitor:
             "phase": self._phase,
             "detector": det.state_dict() if hasattr(det, "state_dict") else None,
             "reward_fn_names": list(self.reward_fn_names),
-            "correctness": {
-                "rule_max": self._rule_max if math.isfinite(self._rule_max) else None,
-                "varying_steps": self._varying_steps,
-                "warned": self._threshold_warned,
-            },
+            "correctness": self.threshold_watch.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -983,11 +829,7 @@ class LLDMonitor:
         for name in state.get("reward_fn_names", []):
             if name not in self.reward_fn_names:
                 self.reward_fn_names.append(name)
-        corr = state.get("correctness") or {}
-        rule_max = corr.get("rule_max")
-        self._rule_max = -math.inf if rule_max is None else float(rule_max)
-        self._varying_steps = int(corr.get("varying_steps", 0))
-        self._threshold_warned = bool(corr.get("warned", False))
+        self.threshold_watch.load_state_dict(state.get("correctness") or {})
         llds = state["llds"]
         enabled, lam = bool(llds["enabled"]), float(llds["lam"])
         self.llds._sync(enabled, lam)

@@ -107,9 +107,106 @@ class StepMetrics:
             value = value.detach().float()
         self.maxima[name] = _maximum(self.maxima.get(name, math.nan), value)
 
-    def add_reward_fn(self, name: str, part: torch.Tensor) -> None:
+    def add_reward_fn(self, name: str, rewards: torch.Tensor) -> None:
+        """Fold one reward function's raw rewards [B] in (NaN = not applied: left out)."""
+        r = rewards.detach().float().reshape(-1)
+        finite = torch.isfinite(r)
+        part = torch.stack(
+            [torch.where(finite, r, torch.zeros_like(r)).sum(), finite.sum().float()]
+        )
         prev = self.reward_fn.get(name)
         self.reward_fn[name] = part if prev is None else prev + part
+
+    def add_rollout(
+        self,
+        logp_old: torch.Tensor,
+        mask: torch.Tensor,
+        correct: torch.Tensor,
+        rewards: torch.Tensor | None,
+        entropy: torch.Tensor | None,
+        kl: torch.Tensor | None,
+        num_searches: torch.Tensor | None,
+        rule_rewards: torch.Tensor | None = None,
+    ) -> None:
+        """Fold a rollout batch in: [B, L] ``logp_old``/``mask``, [B] ``correct``/``rewards``.
+
+        Unscored responses (reward NaN) count in ``n_resp`` (length, entropy) but not in the
+        rewards, the judged responses or the confidence sums of either group.
+        """
+        from lld_monitor.metrics import displacement_sums
+
+        batch, device = logp_old.shape[0], logp_old.device
+        maskf = mask.to(device=device, dtype=torch.float32)  # [B, L]; exact counts under bf16
+        if rule_rewards is not None:  # for the "no response reaches the threshold" warning
+            finite_r = rule_rewards[torch.isfinite(rule_rewards)]
+            if finite_r.numel():
+                self.add_max("rule_reward_max", finite_r.max())
+        self.add("n_resp", float(batch))
+        n_tok = maskf.sum()
+        names, vals = ["n_correct_resp", "length_sum"], [correct.sum(), n_tok]
+        scored_mask = mask.to(device)
+        if rewards is not None:
+            finite = torch.isfinite(rewards)  # [B]; unscored (None/NaN) left out as TRL does
+            r = torch.where(finite, rewards, 0.0)  # [B]
+            names += ["n_rewarded", "n_judged", "reward_sum", "reward_sq_sum"]
+            vals += [finite.sum(), finite.sum(), r.sum(), r.dot(r)]
+            scored_mask = scored_mask * finite[:, None].to(scored_mask.dtype)
+        else:
+            self.add("n_judged", float(batch))
+        if entropy is not None:
+            ent = entropy.detach().float()
+            if ent.dim() == 2:
+                names += ["entropy_sum", "entropy_count"]
+                vals += [(ent * maskf).sum(), n_tok]
+            else:
+                names.append("entropy_sum")
+                vals.append(ent.sum())
+                self.add("entropy_count", float(ent.numel()))
+        if kl is not None:
+            names += ["kl_sum", "kl_count"]
+            vals += [(kl.detach().float() * maskf).sum(), n_tok]
+        if num_searches is not None:
+            ns = torch.as_tensor(num_searches, device=device).float().reshape(-1)
+            names.append("searches_sum")
+            vals.append(ns.sum())
+            self.add("searches_count", float(ns.numel()))
+        self.add_group(tuple(names), [v.float() for v in vals])
+        sums = displacement_sums(logp_old, None, scored_mask, correct)
+        self.conf = sums if self.conf is None else self.conf + sums
+
+    def add_probe(self, sums: torch.Tensor) -> None:
+        """Fold one post-update measurement's ``displacement_sums`` [K] in."""
+        self.disp = sums if self.disp is None else self.disp + sums
+        self.add("n_probe", 1.0)
+
+    def add_update(
+        self, grad_norm: torch.Tensor | float | None, loss: torch.Tensor | float | None
+    ) -> None:
+        """Fold one optimizer update's pre-clip grad norm and loss in."""
+        if grad_norm is not None:
+            g = (
+                grad_norm.detach().float()
+                if isinstance(grad_norm, torch.Tensor)
+                else float(grad_norm)
+            )
+            self.add("grad_sum", g)
+            self.add("grad_count", 1.0)
+            self.add_grad_max(g)
+        if loss is not None:
+            self.add(
+                "loss_sum", loss.detach().float() if isinstance(loss, torch.Tensor) else float(loss)
+            )
+            self.add("loss_count", 1.0)
+
+    def add_llds(self, out: Any) -> None:
+        """Fold one ``LLDSOutput`` in (``llds_loss``, ``llds_frac_gated``)."""
+        self.add("llds_loss_sum", out.loss.detach().float())
+        frac = out.frac_gated
+        self.add(
+            "llds_frac_sum",
+            frac.detach().float() if isinstance(frac, torch.Tensor) else float(frac),
+        )
+        self.add("llds_count", 1.0)
 
     @staticmethod
     def length(n_reward_fns: int) -> int:

@@ -12,6 +12,7 @@ import torch
 
 from lld_monitor import LLDMonitor, LLDSConfig, load_run
 from lld_monitor import columns as C
+from lld_monitor.correctness import ThresholdWatch
 from lld_monitor.events import Alert
 
 
@@ -518,7 +519,7 @@ def test_warning_when_rewards_vary_but_none_reaches_the_threshold(tmp_path: Any)
     rewards = torch.tensor([0.5, 0.0, 0.25])  # a 0.5-valued correct answer: never >= 1.0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(LLDMonitor.THRESHOLD_WARNING_STEPS - 1):
+        for _ in range(ThresholdWatch.STEPS - 1):
             monitor.observe_rollout(b["logp_old"], b["mask"], rewards=rewards)
             monitor.end_step()
         assert not [w for w in caught if "correct_threshold" in str(w.message)]
@@ -534,7 +535,7 @@ def test_warning_when_rewards_vary_but_none_reaches_the_threshold(tmp_path: Any)
     ok = LLDMonitor(tmp_path / "ok", detector=None, strict=True, correct_threshold=0.5)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(LLDMonitor.THRESHOLD_WARNING_STEPS + 1):
+        for _ in range(ThresholdWatch.STEPS + 1):
             ok.observe_rollout(b["logp_old"], b["mask"], rewards=rewards)
             ok.end_step()
     assert not [w for w in caught if "correct_threshold" in str(w.message)]
