@@ -278,9 +278,9 @@ class StepMetrics:
             col = rows[:, i]
             if field.reduce == RANK0:
                 out[i] = col[0]
-            elif field.reduce == MAX:
-                finite = col[~torch.isnan(col)]
-                out[i] = finite.max() if finite.numel() else math.nan
+            elif field.reduce == MAX:  # NaN-ignoring, without a device sync
+                m = torch.where(torch.isnan(col), -math.inf, col).max()
+                out[i] = torch.where(m == -math.inf, math.nan, m)
         return out
 
 

@@ -549,3 +549,25 @@ def test_likelihood_displacement_takes_the_loss_tensor_with_grad() -> None:
     new = b["logp_new"].clone().requires_grad_(True)  # as the README passes it to llds_loss too
     stats = likelihood_displacement(b["logp_old"], new, b["mask"], rewards=b["rewards"])
     assert stats.delta_correct == pytest.approx(0.0) and stats.delta_incorrect == pytest.approx(0.5)
+
+
+def test_step_metrics_reduce_by_declared_rule() -> None:
+    """sum for counts, NaN-ignoring max for grad_norm_max, rank 0's value for the switch."""
+    from lld_monitor.step_metrics import FIELD_INDEX, StepMetrics
+
+    rows = torch.zeros(3, StepMetrics.length(1), dtype=torch.float64)  # 3 ranks, 1 reward fn
+    i = FIELD_INDEX
+    rows[:, i["n_resp"]] = torch.tensor([4.0, 4.0, 0.0])
+    rows[:, i["grad_max"]] = torch.tensor([2.0, math.nan, 5.0])  # rank 1 had no update
+    rows[:, i["rule_reward_max"]] = math.nan  # no rank had a value
+    rows[:, i["llds_on"]] = torch.tensor([1.0, 0.0, 0.0])
+    rows[:, i["llds_lam"]] = torch.tensor([0.2, 9.0, 9.0])
+    rows[:, -2:] = torch.tensor([[1.0, 2.0], [3.0, 2.0], [0.0, 0.0]])  # (sum, count) per rank
+    out = StepMetrics.reduce(rows)
+    assert out[i["n_resp"]] == 8.0 and out[i["grad_max"]] == 5.0
+    assert math.isnan(out[i["rule_reward_max"]])
+    assert out[i["llds_on"]] == 1.0 and out[i["llds_lam"]] == pytest.approx(0.2)
+    assert out[-2:].tolist() == [4.0, 4.0]
+    failed = StepMetrics.failed(torch.device("cpu"), 1)
+    assert failed[i["n_failed"]] == 1.0 and failed[i["n_resp"]] == 0.0
+    assert math.isnan(failed[i["grad_max"]]) and math.isnan(failed[i["llds_on"]])
