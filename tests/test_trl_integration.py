@@ -686,6 +686,7 @@ class _EnableThenStop(TrainerCallback):
         return control
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rebuild", [False, True], ids=["on_train_begin", "transformers_restore"])
 def test_resume_from_checkpoint_continues_the_run_like_an_uninterrupted_one(
     tmp_path: Any, rebuild: bool
