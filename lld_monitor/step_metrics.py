@@ -59,6 +59,7 @@ FIELDS: tuple[Field, ...] = (
     Field("llds_lam", RANK0),
     Field("grad_max", MAX, "max pre-clip grad norm over the step's updates and the ranks"),
     Field("rule_reward_max", MAX, "max reward the correctness threshold was compared with"),
+    # A MAX field is NaN (or -inf) on a rank without a value; reduce() gives NaN when no rank had.
 )
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in FIELDS)
 FIELD_INDEX = {name: i for i, name in enumerate(FIELD_NAMES)}
@@ -137,10 +138,10 @@ class StepMetrics:
 
         batch, device = logp_old.shape[0], logp_old.device
         maskf = mask.to(device=device, dtype=torch.float32)  # [B, L]; exact counts under bf16
-        if rule_rewards is not None:  # for the "no response reaches the threshold" warning
-            finite_r = rule_rewards[torch.isfinite(rule_rewards)]
-            if finite_r.numel():
-                self.add_max("rule_reward_max", finite_r.max())
+        if rule_rewards is not None and rule_rewards.numel():  # for the threshold warning
+            finite = torch.isfinite(rule_rewards)
+            # -inf when none is finite: reduce() reads it as "no value" (no device sync here)
+            self.add_max("rule_reward_max", torch.where(finite, rule_rewards, -math.inf).max())
         self.add("n_resp", float(batch))
         n_tok = maskf.sum()
         names, vals = ["n_correct_resp", "length_sum"], [correct.sum(), n_tok]
