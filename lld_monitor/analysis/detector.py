@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from lld_monitor import columns as C
+from lld_monitor.analysis.trend import MultiScaleTrend
 from lld_monitor.events import Alert
 
 _NAN = float("nan")
@@ -54,6 +55,11 @@ class DetectorConfig:
     short_steps: int = 10  # window of a sharp drop (collapse)
     min_short_rows: int = 3
     persist_steps: int = 15  # stagnation / decay must hold this long before firing
+    trend_base_steps: float = 3.0  # bin width of the finest trend level (steps)
+    trend_bins: int = 10  # bins per trend window: level j spans trend_bins * base * 2**j steps
+    trend_levels: int = 9  # levels: windows of 30, 60, ... 7680 steps with the defaults
+    trend_alpha: float = 0.01  # one-sided level of each trend test (Student t, AR(1) n_eff)
+    trend_persist: int = 4  # consecutive tests of one level that must agree (a bin apart)
     collapse_persist_steps: int = 6  # collapse must hold this long
     recover_steps: int = 40  # an LLD phase is left after its conditions cleared this long
     trend_t: float = 3.0  # |t| of an OLS slope that counts as a trend
@@ -334,9 +340,22 @@ class PhaseDetector:
         self._phase = "unknown"
         self._seen: set[str] = set()
         self._lp_win = _RollingOLS(cfg.window_steps, cfg.min_window_rows)
-        self._lp_half = _RollingOLS(cfg.window_steps / 2, max(3, cfg.min_window_rows // 2))
         self._lp_short = _RollingOLS(cfg.short_steps, cfg.min_short_rows)
         self._rw_win = _RollingOLS(cfg.window_steps, cfg.min_window_rows)
+        self._lp_ms = MultiScaleTrend(
+            cfg.trend_base_steps, cfg.trend_bins, cfg.trend_levels, cfg.trend_alpha
+        )
+        self._rw_ms = MultiScaleTrend(
+            cfg.trend_base_steps, cfg.trend_bins, cfg.trend_levels, cfg.trend_alpha
+        )
+        # per trend level: consecutive tests that held stagnation-or-worse / decay
+        self._hold1 = [0] * cfg.trend_levels
+        self._hold2 = [0] * cfg.trend_levels
+        self._since1 = [0.0] * cfg.trend_levels  # step of the first test of each streak
+        self._since2 = [0.0] * cfg.trend_levels
+        self._conf = [0] * cfg.trend_levels  # confirmed rank per level
+        self._trend_rank = 0
+        self._trend_level = -1  # the level behind the current trend rank
         self._ema = [_NAN] * len(_EMA_NAMES)
         self._last = {k: _NAN for k in ("rw", "fd", "dc", "g", "h", "kl", "len")}
         self._alpha: dict[float, tuple[float, float, float]] = {}  # dt -> weights (a cache)
@@ -406,7 +425,7 @@ class PhaseDetector:
 
     def state_dict(self) -> dict[str, Any]:
         """The full running state as plain JSON (no NaN: encoded as null)."""
-        ols = ("_lp_win", "_lp_half", "_lp_short", "_rw_win")
+        ols = ("_lp_win", "_lp_short", "_rw_win")
         return {
             "version": 1,
             "params": asdict(self.config),
@@ -430,6 +449,13 @@ class PhaseDetector:
             "below_rank": self._below_rank,
             "fired": dict(self._fired),
             "displaced": self._displaced.state(),
+            "lp_ms": self._lp_ms.state(),
+            "rw_ms": self._rw_ms.state(),
+            "hold1": list(self._hold1),
+            "hold2": list(self._hold2),
+            "since1": list(self._since1),
+            "since2": list(self._since2),
+            "conf": list(self._conf),
         }
 
     @classmethod
@@ -470,6 +496,14 @@ class PhaseDetector:
         self._below_rank = int(state["below_rank"])
         self._fired = {k: bool(v) for k, v in state["fired"].items()}
         self._displaced.load(state["displaced"])
+        self._lp_ms.load(state["lp_ms"])
+        self._rw_ms.load(state["rw_ms"])
+        self._hold1 = [int(v) for v in state["hold1"]]
+        self._hold2 = [int(v) for v in state["hold2"]]
+        self._since1 = [float(v) for v in state["since1"]]
+        self._since2 = [float(v) for v in state["since2"]]
+        self._conf = [int(v) for v in state["conf"]]
+        self._trend_rank, self._trend_level = self._confirmed_trend()
 
     # --- the work -----------------------------------------------------------------------------
     def _weights(self, dt: float) -> tuple[float, float, float]:
@@ -526,6 +560,7 @@ class PhaseDetector:
         if fin(rw):
             seen.add(C.REWARD_MEAN)
             self._rw_win.push(step, rw)
+            self._rw_ms.push(step, rw)
             last = L["rw"]
             if last != last:
                 E[_RW_F] = rw
@@ -544,8 +579,10 @@ class PhaseDetector:
         if fin(lp):
             seen.add(C.LOGP_CORRECT)
             self._lp_win.push(step, lp)
-            self._lp_half.push(step, lp)
             self._lp_short.push(step, lp)
+            closed = self._lp_ms.push(step, lp)
+            if closed:
+                self._trend_levels(step, closed)
         if fin(fd):
             seen.add(C.FRAC_CORRECT_DISPLACED)
             # the paper's indicator; a row whose optimizer did not step (lr 0 in warm-up, a
@@ -649,20 +686,22 @@ class PhaseDetector:
             self._failures(step, istep, zstd, rstd, alerts)
 
         # --- LLD phase conditions ---------------------------------------------------------
-        rank = 0
+        rank = tr = 0
         if warm:
-            rank = self._rank(step)
+            rank = self._rank(step)  # 3 when a collapse is seen, else 0
+            if C.LOGP_CORRECT in seen:
+                tr = self._trend_rank  # 1 / 2: confirmed by a trend level
 
         # --- phase machine: escalate after persistence, de-escalate after recover_steps --------
         cur = _RANK[self._phase]
         target = cur
         since = self._since
-        for r, key, need in (
-            (1, "r1", cfg.persist_steps),
-            (2, "r2", cfg.persist_steps),
-            (3, "r3", cfg.collapse_persist_steps),
+        for r, key, need, level in (
+            (1, "r1", 0, tr),  # trend ranks are confirmed by their own level (trend_persist)
+            (2, "r2", 0, tr),
+            (3, "r3", cfg.collapse_persist_steps, rank),
         ):
-            if rank >= r:
+            if level >= r:
                 s = since[key]
                 if s != s:
                     since[key] = s = step
@@ -675,7 +714,8 @@ class PhaseDetector:
             alerts.append(self._phase_alert(istep, new, self._evidence()))
             self._phase = new
             since["below"] = _NAN
-        elif rank < cur and not (cur == 3 and self._reward_still_fallen()):
+        elif max(rank, tr) < cur and not (cur == 3 and self._reward_still_fallen()):
+            rank = max(rank, tr)
             s = since["below"]
             if s != s:
                 since["below"] = step
@@ -736,8 +776,84 @@ class PhaseDetector:
                 fall = drop / scale if drop > k * damp * E[_RW_D] else 0.0
         return g_ratio, h_ratio, kl_ratio, fall
 
+    def _level_rank(self, level: int) -> int:
+        """What one trend level says now: 0 nothing, 1 stagnation, 2 decay."""
+        cfg = self.config
+        # cheap pre-checks (ends of the window) before the fits: most windows show no move
+        lp_move = self._lp_ms.end_change(level)
+        f = None
+        if lp_move <= -0.5 * cfg.decay_min_drop:
+            f = self._lp_ms.fit(level, need_t=2.0)  # None: no decline or rise of note
+        if f is not None and f.t <= -f.t_crit and -f.change >= cfg.decay_min_drop:
+            # declining steadily over the window, still going down, while the reward holds
+            # (Phase II); with the reward fallen it is a dip or already the collapse
+            if not self._lp_ms.late_slope(level) < 0.0:
+                return 0
+            return 0 if self._ratios()[3] >= cfg.reward_fall_frac else 2
+        rw_move = self._rw_ms.end_change(level)
+        if not (rw_move > 0.0 and abs(lp_move) <= 2.0 * cfg.flat_tol):
+            return 0
+        r = self._rw_ms.fit(level, need_t=2.0)
+        if r is None or not (r.t >= r.t_crit):
+            return 0  # stagnation needs the reward rising at this scale
+        rise = r.last - r.first
+        if rise < cfg.reward_min_rise * max(abs(r.first), abs(r.last), 1e-12):
+            return 0
+        f = self._lp_ms.fit(level)
+        if f is None or abs(f.change) > cfg.flat_tol or f.se_change > cfg.flat_tol:
+            return 0  # not flat, or flatness not established at this noise
+        if f.t >= 0.0:
+            return 0  # any sign of a rise: in learning runs logp_correct rises with the reward
+        if self._ratios()[3] > cfg.reward_fall_frac / 3:
+            return 0  # recovering from a dip is not learning
+        return 1
+
+    def _trend_levels(self, step: float, closed: list[int]) -> None:
+        """Re-test the levels whose bins just closed and update the confirmed trend rank.
+
+        A level's condition is confirmed when it has held at two or more consecutive tests
+        spanning at least ``trend_persist - 1`` of its bins in steps (a sparse log tests a level
+        less often than once per bin, and each of its tests then brings more new data).
+        """
+        need = self.config.trend_persist
+        h1, h2, s1, s2 = self._hold1, self._hold2, self._since1, self._since2
+        changed = False
+        for level in closed:
+            r = self._level_rank(level)
+            span = (need - 1) * self._lp_ms.base_steps * 2.0**level
+            before = self._conf[level]
+            if r >= 1:
+                if h1[level] == 0:
+                    s1[level] = step
+                h1[level] += 1
+            else:
+                h1[level] = 0
+            if r >= 2:
+                if h2[level] == 0:
+                    s2[level] = step
+                h2[level] += 1
+            else:
+                h2[level] = 0
+            self._conf[level] = (
+                2
+                if h2[level] >= 2 and step - s2[level] >= span
+                else (1 if h1[level] >= 2 and step - s1[level] >= span else 0)
+            )
+            changed |= before != self._conf[level]
+        if changed:
+            self._trend_rank, self._trend_level = self._confirmed_trend()
+
+    def _confirmed_trend(self) -> tuple[int, int]:
+        """(rank, level) of the most severe confirmed level; among equals the finest (the
+        earliest to see it); level -1 with rank 0."""
+        best, lvl = 0, -1
+        for j, r in enumerate(self._conf):
+            if r > best:
+                best, lvl = r, j
+        return best, lvl
+
     def _rank(self, step: float) -> int:
-        """Severity the current windows support: 0 none, 1 stagnation, 2 decay, 3 collapse."""
+        """3 when the current windows show a collapse, else 0 (trends: ``_trend_rank``)."""
         cfg = self.config
         g_ratio, h_ratio, _, fall = self._ratios()
         # KL is reported, not used: it grows from 0 by design early in every run
@@ -746,38 +862,25 @@ class PhaseDetector:
             + (h_ratio >= cfg.entropy_rise_ratio)
             + (fall >= cfg.reward_fall_frac)
         )
-        _, rt, _, r0, r1 = self._rw_win.fit()
-        # rising to new highs (a recovery from a dip is not learning)
-        reward_rising = (
-            rt >= cfg.trend_t
-            and not fall > cfg.reward_fall_frac / 3
-            and (r1 - r0) >= cfg.reward_min_rise * max(abs(r0), abs(r1), 1e-12)
-        )
-        rank = 0
+        fd_high = self._ema[_FD_F] >= cfg.displaced_frac
+        if n_corro + fd_high == 0:
+            return 0  # (the fits below are only needed with a corroborating signal)
         if len(self._lp_win.buf) >= cfg.min_window_rows and C.LOGP_CORRECT in self._seen:
-            slope, t, span, l0, l1 = self._lp_win.fit()
-            change = l1 - l0
-            if slope < 0.0 and len(self._lp_short.buf) >= cfg.min_short_rows:
+            if len(self._lp_short.buf) >= cfg.min_short_rows and self._lp_win.fit()[0] < 0.0:
                 _, st, _, s0, s1 = self._lp_short.fit()
-                fdv = self._ema[_FD_F]
-                sharp = st <= -cfg.trend_t and (s0 - s1) >= cfg.collapse_drop
-                if sharp and n_corro + (fdv >= cfg.displaced_frac) >= 1:
-                    return 3
-            if t <= -cfg.trend_t and -change >= cfg.decay_min_drop:
-                if self._lp_half.fit()[1] < -1.0:  # still going down: not a dip recovering
-                    rank = 2
-            if rank == 0 and reward_rising:
-                se_change = abs(slope / t) * span if t and math.isfinite(t) else 0.0
-                # flat: small change, known to within flat_tol, no clear upward trend
-                if (
-                    abs(change) <= cfg.flat_tol
-                    and change + 2.0 * se_change <= 2 * cfg.flat_tol
-                    and (t < cfg.trend_t or change <= cfg.flat_tol / 2)
-                ):
-                    rank = 1
-        if rank < 3 and n_corro >= 2 and not reward_rising:
-            rank = 3  # collapse visible in the standard metrics alone
-        return rank
+                if st <= -cfg.trend_t and (s0 - s1) >= cfg.collapse_drop:
+                    return 3  # a sharp drop with a corroborating signal
+        if n_corro >= 2:
+            _, rt, _, r0, r1 = self._rw_win.fit()
+            # rising to new highs (a recovery from a dip is not learning)
+            reward_rising = (
+                rt >= cfg.trend_t
+                and not fall > cfg.reward_fall_frac / 3
+                and (r1 - r0) >= cfg.reward_min_rise * max(abs(r0), abs(r1), 1e-12)
+            )
+            if not reward_rising:
+                return 3  # collapse visible in the standard metrics alone
+        return 0
 
     def _evidence(self) -> dict[str, Any]:
         """The numbers behind the current windows (computed only when an alert fires)."""
@@ -814,6 +917,25 @@ class PhaseDetector:
                 short_drop=s0 - s1,
                 short_steps=sspan,
             )
+        lvl = self._trend_level
+        f = self._lp_ms.fit(lvl) if lvl >= 0 else None
+        r = self._rw_ms.fit(lvl) if lvl >= 0 else None
+        if f is not None:  # the trend level behind a stagnation / decay rank
+            ev.update(
+                logp_change=f.change,
+                logp_slope=f.slope,
+                logp_t=f.t,
+                logp_t_crit=f.t_crit,
+                logp_se_change=f.se_change,
+                window_steps=f.span,
+                window_start=f.start,
+                trend_level=f.level,
+                trend_bins=f.n_bins,
+                logp_start=f.first,
+                logp_end=f.last,
+            )
+            if r is not None:
+                ev.update(reward_start=r.first, reward_end=r.last, reward_t=r.t)
         return ev
 
     def _base_phase(self) -> str:

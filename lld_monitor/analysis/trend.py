@@ -1,0 +1,229 @@
+"""Trend tests at every time scale at once, O(1) amortized per row.
+
+A signal (``logp_correct``, the reward) is averaged into bins of ``base_steps * 2**j`` steps for
+levels ``j = 0, 1, ...``: a dyadic pyramid, each level built from the closed bins of the level
+below, so one row costs O(1) amortized whatever the number of levels. The trend at level ``j`` is
+a least-squares line through the means of that level's last ``n_bins`` closed bins, i.e. over a
+window of about ``n_bins * base_steps * 2**j`` steps: 30 steps at level 0 with the defaults, then
+60, 120, ... up to several thousand.
+
+Why bins: real rows are not independent. Consecutive optimizer steps of one rollout batch repeat
+its reward and confidence (a value equal to the previous one is not a new observation and is
+dropped), probe columns come once per rollout batch, logs skip steps, and the noise is
+autocorrelated. Bin means make the sample size the number of bins, not the number of rows, and
+the test's t statistic then uses the effective sample size of an AR(1) residual (Santer et al.
+2000, "Statistical significance of trends and trend differences in layer-average atmospheric
+temperature time series": ``n_eff = n (1 - r1) / (1 + r1)`` with ``r1`` the lag-1
+autocorrelation of the residuals), with Student's t critical values
+(``scipy.special.stdtrit``) at ``n_eff - 2`` degrees of freedom.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+_NAN = float("nan")
+
+
+class TrendFit(NamedTuple):
+    """A line through one level's bin means."""
+
+    level: int
+    slope: float  # per step
+    t: float  # slope / its standard error (AR(1)-corrected)
+    t_crit: float  # one-sided critical value at the effective degrees of freedom
+    change: float  # fitted last minus fitted first (over span)
+    se_change: float  # standard error of change
+    span: float  # steps between the first and last bin centre
+    start: float  # first bin centre (step)
+    end: float  # last bin centre (step)
+    first: float  # fitted value at start
+    last: float  # fitted value at end
+    n_bins: int
+    r1: float  # lag-1 autocorrelation of the residuals (clipped at [0, 0.9])
+
+
+@lru_cache(maxsize=512)
+def t_critical(df10: int, alpha_milli: int) -> float:
+    """One-sided Student t critical value for ``df10 / 10`` degrees of freedom."""
+    from scipy.special import stdtrit  # inverse Student t CDF (lighter than scipy.stats)
+
+    return float(stdtrit(max(df10 / 10.0, 1.0), 1.0 - alpha_milli / 1000.0))
+
+
+class MultiScaleTrend:
+    """Binned multi-scale trend of one signal: ``push(step, value) -> levels that closed``.
+
+    Parameters are stored under their names; running state is private and rebuilt in
+    ``reset()``. ``fit(level)`` tests the current window of a level.
+    """
+
+    def __init__(
+        self, base_steps: float = 3.0, n_bins: int = 10, levels: int = 9, alpha: float = 0.01
+    ) -> None:
+        if base_steps <= 0 or n_bins < 4 or levels < 1 or not 0.0 < alpha < 0.5:
+            raise ValueError(
+                "MultiScaleTrend needs base_steps > 0, n_bins >= 4, levels >= 1, 0 < alpha < 0.5"
+            )
+        self.base_steps = float(base_steps)
+        self.n_bins = int(n_bins)
+        self.levels = int(levels)
+        self.alpha = float(alpha)
+        self.reset()
+
+    def reset(self) -> None:
+        self._origin = _NAN
+        self._last_value = _NAN
+        # per level: open bin [index, n, sum_x, sum_y] and the closed bins (centre x, mean y)
+        self._open: list[list[float]] = [[-1.0, 0.0, 0.0, 0.0] for _ in range(self.levels)]
+        self._closed: list[deque[tuple[float, float]]] = [
+            deque(maxlen=self.n_bins) for _ in range(self.levels)
+        ]
+        self._cache: dict[int, TrendFit | None] = {}  # level -> fit of its current bins
+
+    def window_steps(self, level: int) -> float:
+        """Nominal window of ``level`` in steps."""
+        return self.n_bins * self.base_steps * 2.0**level
+
+    def push(self, step: float, value: float) -> list[int]:
+        """Add one observation; a value equal to the previous one (a rollout batch's value on
+        each of its rows) is dropped. Returns the levels whose bins closed (ascending)."""
+        if value == self._last_value or value != value:
+            return []
+        self._last_value = value
+        if self._origin != self._origin:
+            self._origin = step
+        idx = float(math.floor((step - self._origin) / self.base_steps))
+        closed: list[int] = []
+        self._add(0, idx, 1.0, step, value, closed)
+        return closed
+
+    def _add(self, level: int, idx: float, n: float, sx: float, sy: float, closed: list) -> None:
+        op = self._open[level]
+        if op[0] != idx:
+            if op[1] > 0:
+                # close the open bin: its mean goes into this level's window and up a level
+                self._closed[level].append((op[2] / op[1], op[3] / op[1]))
+                self._cache.pop(level, None)
+                closed.append(level)
+                if level + 1 < self.levels:
+                    self._add(level + 1, float(int(op[0]) // 2), op[1], op[2], op[3], closed)
+            op[0], op[1], op[2], op[3] = idx, 0.0, 0.0, 0.0
+        op[1] += n
+        op[2] += sx
+        op[3] += sy
+
+    def fit(self, level: int, min_bins: int = 6, need_t: float = 0.0) -> TrendFit | None:
+        """The trend test over the last closed bins of ``level``; None with too few bins.
+
+        ``need_t`` > 0 is a shortcut for callers that only want a trend with ``|t|`` at least
+        that large: the plain OLS t (before the AR(1) correction, which only shrinks it) is
+        checked first and None may be returned below it. Fits are cached until the level's
+        next bin closes.
+        """
+        if min_bins == 6 and level in self._cache:
+            return self._cache[level]
+        f = self._fit(level, min_bins, need_t)
+        if min_bins == 6 and not (f is None and need_t > 0.0):  # a shortcut None is not cached
+            self._cache[level] = f
+        return f
+
+    def _fit(self, level: int, min_bins: int, need_t: float) -> TrendFit | None:
+        bins = self._closed[level]
+        m = len(bins)
+        if m < min_bins:
+            return None
+        x0 = bins[0][0]
+        sx = sy = sxx = sxy = syy = 0.0
+        for x, y in bins:  # one pass, anchored at the first bin (no cancellation far out)
+            dx = x - x0
+            sx += dx
+            sy += y
+            sxx += dx * dx
+            sxy += dx * y
+            syy += y * y
+        mx, my = sx / m + x0, sy / m
+        sxx -= sx * sx / m
+        sxy -= sx * sy / m
+        syy -= sy * sy / m
+        if sxx <= 0.0:
+            return None
+        slope = sxy / sxx
+        rss = max(syy - slope * sxy, 0.0)
+        if need_t > 0.0 and rss > 0.0 and abs(slope) < need_t * math.sqrt(rss / (m - 2) / sxx):
+            return None
+        r1 = 0.0
+        if rss > 0.0:
+            prev = None
+            acc = 0.0
+            for x, y in bins:
+                e = y - my - slope * (x - mx)
+                if prev is not None:
+                    acc += e * prev
+                prev = e
+            r1 = min(max(0.0, acc / rss), 0.9)
+        n_eff = m * (1.0 - r1) / (1.0 + r1)
+        df = max(n_eff - 2.0, 1.0)
+        se = math.sqrt(rss / df / sxx)
+        if se > 0.0:
+            t = slope / se
+        else:
+            t = math.copysign(math.inf, slope) if slope else 0.0
+        x0, x1 = bins[0][0], bins[-1][0]
+        span = x1 - x0
+        return TrendFit(
+            level,
+            slope,
+            t,
+            t_critical(int(df * 10), int(round(self.alpha * 1000))),
+            slope * span,
+            se * span,
+            span,
+            x0,
+            x1,
+            my + slope * (x0 - mx),
+            my + slope * (x1 - mx),
+            m,
+            r1,
+        )
+
+    def end_change(self, level: int, k: int = 3) -> float:
+        """Mean of the last ``k`` bins minus mean of the first ``k``: a cheap pre-check of a
+        move (NaN with fewer than ``2 * k`` bins)."""
+        bins = self._closed[level]
+        m = len(bins)
+        if m < 2 * k:
+            return _NAN
+        return (sum(bins[i][1] for i in range(m - k, m)) - sum(bins[i][1] for i in range(k))) / k
+
+    def late_slope(self, level: int) -> float:
+        """OLS slope over the newer half of ``level``'s closed bins (is it still going?)."""
+        bins = list(self._closed[level])
+        late = bins[len(bins) // 2 :]
+        if len(late) < 2:
+            return _NAN
+        mx = sum(b[0] for b in late) / len(late)
+        my = sum(b[1] for b in late) / len(late)
+        sxx = sum((x - mx) ** 2 for x, _ in late)
+        return sum((x - mx) * (y - my) for x, y in late) / sxx if sxx > 0 else _NAN
+
+    # --- plain-JSON state ----------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {
+            "origin": None if self._origin != self._origin else self._origin,
+            "last_value": None if self._last_value != self._last_value else self._last_value,
+            "open": [list(o) for o in self._open],
+            "closed": [[list(b) for b in c] for c in self._closed],
+        }
+
+    def load(self, d: Mapping[str, Any]) -> None:
+        self.reset()
+        self._origin = _NAN if d["origin"] is None else float(d["origin"])
+        self._last_value = _NAN if d["last_value"] is None else float(d["last_value"])
+        self._open = [[float(v) for v in o] for o in d["open"]]
+        for c, saved in zip(self._closed, d["closed"]):
+            c.extend((float(x), float(y)) for x, y in saved)
