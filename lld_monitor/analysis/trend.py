@@ -27,6 +27,11 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 _NAN = float("nan")
+_RHO_MEMORY = 0.005  # EMA weight of the noise-autocorrelation estimate (~200 observations)
+
+
+def _enc(v: float) -> float | None:
+    return None if v != v else v
 
 
 class TrendFit(NamedTuple):
@@ -80,9 +85,15 @@ class MultiScaleTrend:
         self._last_value = _NAN
         # per level: open bin [index, n, sum_x, sum_y] and the closed bins (centre x, mean y)
         self._open: list[list[float]] = [[-1.0, 0.0, 0.0, 0.0] for _ in range(self.levels)]
-        self._closed: list[deque[tuple[float, float]]] = [
+        self._closed: list[deque[tuple[float, float, float]]] = [
             deque(maxlen=self.n_bins) for _ in range(self.levels)
-        ]
+        ]  # (centre step, mean value, observations)
+        # noise autocorrelation of the observation series, from its first differences d:
+        # for AR(1) noise (plus a slow trend) corr(d_i, d_i-1) = -(1 - rho) / 2
+        self._last_diff = _NAN
+        self._dd = 0.0  # EMA of d_i * d_i-1
+        self._d2 = 0.0  # EMA of d_i^2
+        self._n_obs = 0
         self._cache: dict[int, TrendFit | None] = {}  # level -> fit of its current bins
 
     def window_steps(self, level: int) -> float:
@@ -94,6 +105,16 @@ class MultiScaleTrend:
         each of its rows) is dropped. Returns the levels whose bins closed (ascending)."""
         if value == self._last_value or value != value:
             return []
+        last = self._last_value
+        if last == last:
+            d = value - last
+            w = max(1.0 / (self._n_obs + 1), _RHO_MEMORY)
+            ld = self._last_diff
+            if ld == ld:
+                self._dd += w * (d * ld - self._dd)
+            self._d2 += w * (d * d - self._d2)
+            self._last_diff = d
+        self._n_obs += 1
         self._last_value = value
         if self._origin != self._origin:
             self._origin = step
@@ -107,7 +128,7 @@ class MultiScaleTrend:
         if op[0] != idx:
             if op[1] > 0:
                 # close the open bin: its mean goes into this level's window and up a level
-                self._closed[level].append((op[2] / op[1], op[3] / op[1]))
+                self._closed[level].append((op[2] / op[1], op[3] / op[1], op[1]))
                 self._cache.pop(level, None)
                 closed.append(level)
                 if level + 1 < self.levels:
@@ -138,14 +159,15 @@ class MultiScaleTrend:
         if m < min_bins:
             return None
         x0 = bins[0][0]
-        sx = sy = sxx = sxy = syy = 0.0
-        for x, y in bins:  # one pass, anchored at the first bin (no cancellation far out)
+        sx = sy = sxx = sxy = syy = cnt = 0.0
+        for x, y, c in bins:  # one pass, anchored at the first bin (no cancellation far out)
             dx = x - x0
             sx += dx
             sy += y
             sxx += dx * dx
             sxy += dx * y
             syy += y * y
+            cnt += c
         mx, my = sx / m + x0, sy / m
         sxx -= sx * sx / m
         sxy -= sx * sy / m
@@ -160,12 +182,15 @@ class MultiScaleTrend:
         if rss > 0.0:
             prev = None
             acc = 0.0
-            for x, y in bins:
+            for x, y, _ in bins:
                 e = y - my - slope * (x - mx)
                 if prev is not None:
                     acc += e * prev
                 prev = e
-            r1 = min(max(0.0, acc / rss), 0.9)
+            r1 = acc / rss
+        # the window's own lag-1 estimate is noisy with ~10 bins: never below what the noise's
+        # autocorrelation implies for bins of this many observations
+        r1 = min(max(0.0, r1, self.bin_correlation(cnt / m)), 0.9)
         n_eff = m * (1.0 - r1) / (1.0 + r1)
         df = max(n_eff - 2.0, 1.0)
         se = math.sqrt(rss / df / sxx)
@@ -191,6 +216,24 @@ class MultiScaleTrend:
             r1,
         )
 
+    @property
+    def noise_autocorrelation(self) -> float:
+        """Lag-1 autocorrelation of the observations' noise (0.5 until 20 are seen)."""
+        if self._n_obs < 20 or self._d2 <= 0.0:
+            return 0.5
+        return min(max(1.0 + 2.0 * self._dd / self._d2, 0.0), 0.95)
+
+    def bin_correlation(self, b: float) -> float:
+        """Correlation of adjacent means of ``b`` consecutive AR(1) observations:
+        rho (1 - rho^b)^2 / (b (1 + rho)(1 - rho) - 2 rho (1 - rho^b))."""
+        rho = self.noise_autocorrelation
+        if rho <= 0.0:
+            return 0.0
+        b = max(b, 1.0)
+        rb = rho**b
+        den = b * (1.0 + rho) * (1.0 - rho) - 2.0 * rho * (1.0 - rb)
+        return rho * (1.0 - rb) ** 2 / den if den > 0.0 else rho
+
     def end_change(self, level: int, k: int = 3) -> float:
         """Mean of the last ``k`` bins minus mean of the first ``k``: a cheap pre-check of a
         move (NaN with fewer than ``2 * k`` bins)."""
@@ -208,8 +251,8 @@ class MultiScaleTrend:
             return _NAN
         mx = sum(b[0] for b in late) / len(late)
         my = sum(b[1] for b in late) / len(late)
-        sxx = sum((x - mx) ** 2 for x, _ in late)
-        return sum((x - mx) * (y - my) for x, y in late) / sxx if sxx > 0 else _NAN
+        sxx = sum((b[0] - mx) ** 2 for b in late)
+        return sum((b[0] - mx) * (b[1] - my) for b in late) / sxx if sxx > 0 else _NAN
 
     # --- plain-JSON state ----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -217,6 +260,7 @@ class MultiScaleTrend:
             "origin": None if self._origin != self._origin else self._origin,
             "last_value": None if self._last_value != self._last_value else self._last_value,
             "open": [list(o) for o in self._open],
+            "noise": [_enc(self._last_diff), self._dd, self._d2, self._n_obs],
             "closed": [[list(b) for b in c] for c in self._closed],
         }
 
@@ -226,4 +270,7 @@ class MultiScaleTrend:
         self._last_value = _NAN if d["last_value"] is None else float(d["last_value"])
         self._open = [[float(v) for v in o] for o in d["open"]]
         for c, saved in zip(self._closed, d["closed"]):
-            c.extend((float(x), float(y)) for x, y in saved)
+            c.extend((float(x), float(y), float(n)) for x, y, n in saved)
+        ld, self._dd, self._d2, self._n_obs = d["noise"]
+        self._last_diff = _NAN if ld is None else float(ld)
+        self._n_obs = int(self._n_obs)
