@@ -91,6 +91,7 @@ class MultiScaleTrend:
         # noise autocorrelation of the observation series, from its first differences d:
         # for AR(1) noise (plus a slow trend) corr(d_i, d_i-1) = -(1 - rho) / 2
         self._last_diff = _NAN
+        self._d1 = 0.0  # EMA of d_i (a trend's slope; taken out of the two below)
         self._dd = 0.0  # EMA of d_i * d_i-1
         self._d2 = 0.0  # EMA of d_i^2
         self._n_obs = 0
@@ -112,6 +113,7 @@ class MultiScaleTrend:
             ld = self._last_diff
             if ld == ld:
                 self._dd += w * (d * ld - self._dd)
+            self._d1 += w * (d - self._d1)
             self._d2 += w * (d * d - self._d2)
             self._last_diff = d
         self._n_obs += 1
@@ -219,9 +221,11 @@ class MultiScaleTrend:
     @property
     def noise_autocorrelation(self) -> float:
         """Lag-1 autocorrelation of the observations' noise (0.5 until 20 are seen)."""
-        if self._n_obs < 20 or self._d2 <= 0.0:
+        m2 = self._d1 * self._d1
+        var = self._d2 - m2
+        if self._n_obs < 20 or var <= 0.0:
             return 0.5
-        return min(max(1.0 + 2.0 * self._dd / self._d2, 0.0), 0.95)
+        return min(max(1.0 + 2.0 * (self._dd - m2) / var, 0.0), 0.95)
 
     def bin_correlation(self, b: float) -> float:
         """Correlation of adjacent means of ``b`` consecutive AR(1) observations:
@@ -260,7 +264,7 @@ class MultiScaleTrend:
             "origin": None if self._origin != self._origin else self._origin,
             "last_value": None if self._last_value != self._last_value else self._last_value,
             "open": [list(o) for o in self._open],
-            "noise": [_enc(self._last_diff), self._dd, self._d2, self._n_obs],
+            "noise": [_enc(self._last_diff), self._d1, self._dd, self._d2, self._n_obs],
             "closed": [[list(b) for b in c] for c in self._closed],
         }
 
@@ -271,6 +275,6 @@ class MultiScaleTrend:
         self._open = [[float(v) for v in o] for o in d["open"]]
         for c, saved in zip(self._closed, d["closed"]):
             c.extend((float(x), float(y), float(n)) for x, y, n in saved)
-        ld, self._dd, self._d2, self._n_obs = d["noise"]
+        ld, self._d1, self._dd, self._d2, self._n_obs = d["noise"]
         self._last_diff = _NAN if ld is None else float(ld)
         self._n_obs = int(self._n_obs)
