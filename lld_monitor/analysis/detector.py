@@ -19,7 +19,13 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from lld_monitor import columns as C
-from lld_monitor.analysis.trend import MultiScaleTrend
+from lld_monitor.analysis.trend import (
+    MultiScaleTrend,
+    TrendFit,
+    from_json_float,
+    json_float,
+    t_critical,
+)
 from lld_monitor.events import Alert
 
 _NAN = float("nan")
@@ -59,7 +65,8 @@ class DetectorConfig:
     trend_bins: int = 10  # bins per trend window: level j spans trend_bins * base * 2**j steps
     trend_levels: int = 9  # levels: windows of 30, 60, ... 7680 steps with the defaults
     trend_alpha: float = 0.01  # one-sided level of each trend test (Student t, AR(1) n_eff)
-    trend_persist: int = 4  # consecutive tests of one level that must agree (a bin apart)
+    trend_persist: int = 4  # a level's condition must hold over this many of its bins
+    trend_alpha_decay: float = 0.5  # alpha shrinks as (window / elapsed) ** this in long runs
     collapse_persist_steps: int = 6  # collapse must hold this long
     recover_steps: int = 40  # an LLD phase is left after its conditions cleared this long
     trend_t: float = 3.0  # |t| of an OLS slope that counts as a trend
@@ -68,7 +75,8 @@ class DetectorConfig:
     decay_min_drop: float = 0.025  # nats/token: minimum logp_correct drop over the window
     collapse_drop: float = 0.05  # nats/token: logp_correct drop over short_steps that is sharp
     displaced_frac: float = 0.5  # share of correct responses displaced (paper's > 50%)
-    displaced_z: float = 1.645  # one-sided z of the pooled displaced share above displaced_frac
+    displaced_z: float = 2.326  # one-sided z (1%) of the pooled displaced share above the 0.5
+    displaced_min_n: float = 12.0  # least pooled (weighted) correct responses behind the alert
     displaced_memory: float = 0.5  # weight kept per probe by the pooled displaced counts
     displaced_default_n: float = 8.0  # correct responses assumed per probe without n_correct
     grad_surge_ratio: float = 2.0  # fast / slow grad norm (geometric EMAs)
@@ -197,10 +205,25 @@ class _DisplacedShare:
     weights squared) reaches ``z``; it re-arms once the pooled share is back below ``frac``.
     """
 
-    __slots__ = ("default_n", "fired", "frac", "k", "last", "memory", "n", "probes", "s2", "z")
+    __slots__ = (
+        "default_n",
+        "fired",
+        "frac",
+        "k",
+        "last",
+        "memory",
+        "min_n",
+        "n",
+        "probes",
+        "s2",
+        "z",
+    )
 
-    def __init__(self, frac: float, z: float, memory: float, default_n: float) -> None:
+    def __init__(
+        self, frac: float, z: float, memory: float, default_n: float, min_n: float
+    ) -> None:
         self.frac, self.z, self.memory, self.default_n = frac, z, memory, default_n
+        self.min_n = min_n
         self.k = self.n = self.s2 = 0.0  # weighted displaced, weighted correct, sum w^2 n
         self.last: tuple[float, float] = (_NAN, _NAN)
         self.probes: deque[tuple[float, float, float]] = deque(maxlen=4)  # (step, k, n)
@@ -223,7 +246,12 @@ class _DisplacedShare:
             if pooled < self.frac:
                 self.fired = False
             return False
-        if share > self.frac and pooled > self.frac and self.stat() >= self.z:
+        if (
+            share > self.frac
+            and pooled > self.frac
+            and self.n >= self.min_n
+            and self.stat() >= self.z
+        ):
             self.fired = True
             return True
         return False
@@ -262,17 +290,8 @@ class _DisplacedShare:
         self.fired = bool(d["fired"])
 
 
-def _enc(v: float) -> float | str | None:
-    """A float as strict JSON: NaN -> null, +-inf -> "inf" / "-inf"."""
-    if v != v:
-        return None
-    if v in (math.inf, -math.inf):
-        return "inf" if v > 0 else "-inf"
-    return v
-
-
-def _dec(v: float | str | None) -> float:
-    return _NAN if v is None else float(v)
+_enc = json_float
+_dec = from_json_float
 
 
 def _f(v: Any) -> float:
@@ -356,6 +375,7 @@ class PhaseDetector:
         self._conf = [0] * cfg.trend_levels  # confirmed rank per level
         self._trend_rank = 0
         self._trend_level = -1  # the level behind the current trend rank
+        self._recover = float(cfg.recover_steps)  # steps without support before leaving a phase
         self._ema = [_NAN] * len(_EMA_NAMES)
         self._last = {k: _NAN for k in ("rw", "fd", "dc", "g", "h", "kl", "len")}
         self._alpha: dict[float, tuple[float, float, float]] = {}  # dt -> weights (a cache)
@@ -375,7 +395,11 @@ class PhaseDetector:
         self._below_rank = 0
         self._fired: dict[str, bool] = {k: False for k in ("nonfinite", *_FAILURES)}
         self._displaced = _DisplacedShare(
-            cfg.displaced_frac, cfg.displaced_z, cfg.displaced_memory, cfg.displaced_default_n
+            cfg.displaced_frac,
+            cfg.displaced_z,
+            cfg.displaced_memory,
+            cfg.displaced_default_n,
+            cfg.displaced_min_n,
         )
 
     @property
@@ -456,6 +480,7 @@ class PhaseDetector:
             "since1": list(self._since1),
             "since2": list(self._since2),
             "conf": list(self._conf),
+            "recover": self._recover,
         }
 
     @classmethod
@@ -503,6 +528,7 @@ class PhaseDetector:
         self._since1 = [float(v) for v in state["since1"]]
         self._since2 = [float(v) for v in state["since2"]]
         self._conf = [int(v) for v in state["conf"]]
+        self._recover = float(state["recover"])
         self._trend_rank, self._trend_level = self._confirmed_trend()
 
     # --- the work -----------------------------------------------------------------------------
@@ -559,7 +585,8 @@ class PhaseDetector:
         # --- feed the statistics ---------------------------------------------------------------
         if fin(rw):
             seen.add(C.REWARD_MEAN)
-            self._rw_win.push(step, rw)
+            if rw != self._rw_ms._last_value:  # a rollout batch's repeat is not new data
+                self._rw_win.push(step, rw)
             self._rw_ms.push(step, rw)
             last = L["rw"]
             if last != last:
@@ -578,8 +605,9 @@ class PhaseDetector:
                 self._rw_trough = self._rw_min
         if fin(lp):
             seen.add(C.LOGP_CORRECT)
-            self._lp_win.push(step, lp)
-            self._lp_short.push(step, lp)
+            if lp != self._lp_ms._last_value:
+                self._lp_win.push(step, lp)
+                self._lp_short.push(step, lp)
             closed = self._lp_ms.push(step, lp)
             if closed:
                 self._trend_levels(step, closed)
@@ -714,6 +742,12 @@ class PhaseDetector:
             alerts.append(self._phase_alert(istep, new, self._evidence()))
             self._phase = new
             since["below"] = _NAN
+            # a trend phase is left after three windows of the scale that saw it without
+            # support (a decline that becomes sure only later must not pass through healthy)
+            lvl = self._trend_level if target < 3 else -1
+            self._recover = max(
+                float(cfg.recover_steps), 3.0 * self._lp_ms.window_steps(lvl) if lvl >= 0 else 0.0
+            )
         elif max(rank, tr) < cur and not (cur == 3 and self._reward_still_fallen()):
             rank = max(rank, tr)
             s = since["below"]
@@ -722,7 +756,7 @@ class PhaseDetector:
                 self._below_rank = rank
             else:
                 self._below_rank = max(self._below_rank, rank)
-                if step - s >= cfg.recover_steps:
+                if step - s >= self._recover:
                     old = self._phase
                     self._phase = _BY_RANK.get(self._below_rank, self._base_phase())
                     since["below"] = _NAN
@@ -776,6 +810,15 @@ class PhaseDetector:
                 fall = drop / scale if drop > k * damp * E[_RW_D] else 0.0
         return g_ratio, h_ratio, kl_ratio, fall
 
+    def _t_crit(self, f: TrendFit) -> float:
+        """Critical t of a level's test, stricter the more windows of that level the run has
+        already had: a long run gives a short window many chances to look like a trend
+        (level ``trend_alpha`` * (window / elapsed steps) ** ``trend_alpha_decay``)."""
+        elapsed = self._last_step - self._first_step
+        w = self._lp_ms.window_steps(f.level)
+        a = self.config.trend_alpha * min(1.0, w / elapsed) ** self.config.trend_alpha_decay
+        return t_critical(int(f.df * 10), max(1, int(round(a * 1e6))))
+
     def _level_rank(self, level: int) -> int:
         """What one trend level says now: 0 nothing, 1 stagnation, 2 decay."""
         cfg = self.config
@@ -784,7 +827,7 @@ class PhaseDetector:
         f = None
         if lp_move <= -0.5 * cfg.decay_min_drop:
             f = self._lp_ms.fit(level, need_t=2.0)  # None: no decline or rise of note
-        if f is not None and f.t <= -f.t_crit and -f.change >= cfg.decay_min_drop:
+        if f is not None and -f.change >= cfg.decay_min_drop and f.t <= -self._t_crit(f):
             # declining steadily over the window, still going down, while the reward holds
             # (Phase II); with the reward fallen it is a dip or already the collapse
             if not self._lp_ms.late_slope(level) < 0.0:
@@ -794,7 +837,7 @@ class PhaseDetector:
         if not (rw_move > 0.0 and abs(lp_move) <= 2.0 * cfg.flat_tol):
             return 0
         r = self._rw_ms.fit(level, need_t=2.0)
-        if r is None or not (r.t >= r.t_crit):
+        if r is None or not (r.t >= self._t_crit(r)):
             return 0  # stagnation needs the reward rising at this scale
         rise = r.last - r.first
         if rise < cfg.reward_min_rise * max(abs(r.first), abs(r.last), 1e-12):
@@ -868,7 +911,11 @@ class PhaseDetector:
         if len(self._lp_win.buf) >= cfg.min_window_rows and C.LOGP_CORRECT in self._seen:
             if len(self._lp_short.buf) >= cfg.min_short_rows and self._lp_win.fit()[0] < 0.0:
                 _, st, _, s0, s1 = self._lp_short.fit()
-                if st <= -cfg.trend_t and (s0 - s1) >= cfg.collapse_drop:
+                # sharp: t, at least collapse_drop, and noise_k standard errors of a fitted
+                # change over these n points (equally spaced: sd * sqrt(12 (n-1) / (n (n+1))))
+                n = len(self._lp_short.buf)
+                se = self._lp_ms.noise_sd * math.sqrt(12.0 * (n - 1) / (n * (n + 1)))
+                if st <= -cfg.trend_t and (s0 - s1) >= max(cfg.collapse_drop, cfg.noise_k * se):
                     return 3  # a sharp drop with a corroborating signal
         if n_corro >= 2:
             _, rt, _, r0, r1 = self._rw_win.fit()

@@ -28,10 +28,21 @@ from typing import Any, NamedTuple
 
 _NAN = float("nan")
 _RHO_MEMORY = 0.005  # EMA weight of the noise-autocorrelation estimate (~200 observations)
+_SLOPE_MEMORY = 0.2  # EMA weight of the local slope removed from the differences
 
 
-def _enc(v: float) -> float | None:
-    return None if v != v else v
+def json_float(v: float) -> float | str | None:
+    """A float as strict JSON: NaN -> null, +-inf -> "inf" / "-inf"."""
+    if v != v:
+        return None
+    if v in (math.inf, -math.inf):
+        return "inf" if v > 0 else "-inf"
+    return v
+
+
+def from_json_float(v: float | str | None) -> float:
+    """Inverse of ``json_float``."""
+    return _NAN if v is None else float(v)
 
 
 class TrendFit(NamedTuple):
@@ -49,15 +60,17 @@ class TrendFit(NamedTuple):
     first: float  # fitted value at start
     last: float  # fitted value at end
     n_bins: int
+    df: float  # effective degrees of freedom of the t test
     r1: float  # lag-1 autocorrelation of the residuals (clipped at [0, 0.9])
 
 
 @lru_cache(maxsize=512)
-def t_critical(df10: int, alpha_milli: int) -> float:
-    """One-sided Student t critical value for ``df10 / 10`` degrees of freedom."""
+def t_critical(df10: int, alpha_micro: int) -> float:
+    """One-sided Student t critical value at level ``alpha_micro`` * 1e-6 for ``df10 / 10``
+    degrees of freedom."""
     from scipy.special import stdtrit  # inverse Student t CDF (lighter than scipy.stats)
 
-    return float(stdtrit(max(df10 / 10.0, 1.0), 1.0 - alpha_milli / 1000.0))
+    return float(stdtrit(max(df10 / 10.0, 1.0), 1.0 - alpha_micro * 1e-6))
 
 
 class MultiScaleTrend:
@@ -91,7 +104,7 @@ class MultiScaleTrend:
         # noise autocorrelation of the observation series, from its first differences d:
         # for AR(1) noise (plus a slow trend) corr(d_i, d_i-1) = -(1 - rho) / 2
         self._last_diff = _NAN
-        self._d1 = 0.0  # EMA of d_i (a trend's slope; taken out of the two below)
+        self._d1 = 0.0  # short EMA of the raw differences (the local slope, taken out of d)
         self._dd = 0.0  # EMA of d_i * d_i-1
         self._d2 = 0.0  # EMA of d_i^2
         self._n_obs = 0
@@ -108,12 +121,17 @@ class MultiScaleTrend:
             return []
         last = self._last_value
         if last == last:
-            d = value - last
+            # d centred on a short causal mean of d: a trend's slope (and its slow changes)
+            # would otherwise read as autocorrelated noise
+            raw = value - last
+            if self._n_obs == 1:
+                self._d1 = raw
+            d = raw - self._d1
+            self._d1 += _SLOPE_MEMORY * (raw - self._d1)
             w = max(1.0 / (self._n_obs + 1), _RHO_MEMORY)
             ld = self._last_diff
             if ld == ld:
                 self._dd += w * (d * ld - self._dd)
-            self._d1 += w * (d - self._d1)
             self._d2 += w * (d * d - self._d2)
             self._last_diff = d
         self._n_obs += 1
@@ -194,7 +212,7 @@ class MultiScaleTrend:
         # autocorrelation implies for bins of this many observations
         r1 = min(max(0.0, r1, self.bin_correlation(cnt / m)), 0.9)
         n_eff = m * (1.0 - r1) / (1.0 + r1)
-        df = max(n_eff - 2.0, 1.0)
+        df = max(n_eff - 2.0, 4.0)  # (with ~10 bins a smaller df would be all noise)
         se = math.sqrt(rss / df / sxx)
         if se > 0.0:
             t = slope / se
@@ -206,7 +224,7 @@ class MultiScaleTrend:
             level,
             slope,
             t,
-            t_critical(int(df * 10), int(round(self.alpha * 1000))),
+            t_critical(int(df * 10), int(round(self.alpha * 1e6))),
             slope * span,
             se * span,
             span,
@@ -215,17 +233,24 @@ class MultiScaleTrend:
             my + slope * (x0 - mx),
             my + slope * (x1 - mx),
             m,
+            df,
             r1,
         )
 
     @property
     def noise_autocorrelation(self) -> float:
-        """Lag-1 autocorrelation of the observations' noise (0.5 until 20 are seen)."""
-        m2 = self._d1 * self._d1
-        var = self._d2 - m2
-        if self._n_obs < 20 or var <= 0.0:
-            return 0.5
-        return min(max(1.0 + 2.0 * (self._dd - m2) / var, 0.0), 0.95)
+        """Lag-1 autocorrelation of the observations' noise (0.3 until 10 are seen)."""
+        if self._n_obs < 10 or self._d2 <= 0.0:
+            return 0.3
+        return min(max(1.0 + 2.0 * self._dd / self._d2, 0.0), 0.95)
+
+    @property
+    def noise_sd(self) -> float:
+        """Standard deviation of one observation's noise (AR(1): Var(d) = 2 s^2 (1 - rho));
+        0 until 10 observations are seen."""
+        if self._n_obs < 10 or self._d2 <= 0.0:
+            return 0.0
+        return math.sqrt(self._d2 / (2.0 * max(1.0 - self.noise_autocorrelation, 0.05)))
 
     def bin_correlation(self, b: float) -> float:
         """Correlation of adjacent means of ``b`` consecutive AR(1) observations:
@@ -260,21 +285,24 @@ class MultiScaleTrend:
 
     # --- plain-JSON state ----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
+        j = json_float
         return {
-            "origin": None if self._origin != self._origin else self._origin,
-            "last_value": None if self._last_value != self._last_value else self._last_value,
-            "open": [list(o) for o in self._open],
-            "noise": [_enc(self._last_diff), self._d1, self._dd, self._d2, self._n_obs],
-            "closed": [[list(b) for b in c] for c in self._closed],
+            "origin": j(self._origin),
+            "last_value": j(self._last_value),
+            "open": [[j(v) for v in o] for o in self._open],
+            "noise": [j(v) for v in (self._last_diff, self._d1, self._dd, self._d2)]
+            + [self._n_obs],
+            "closed": [[[j(v) for v in b] for b in c] for c in self._closed],
         }
 
     def load(self, d: Mapping[str, Any]) -> None:
+        f = from_json_float
         self.reset()
-        self._origin = _NAN if d["origin"] is None else float(d["origin"])
-        self._last_value = _NAN if d["last_value"] is None else float(d["last_value"])
-        self._open = [[float(v) for v in o] for o in d["open"]]
+        self._origin = f(d["origin"])
+        self._last_value = f(d["last_value"])
+        self._open = [[f(v) for v in o] for o in d["open"]]
         for c, saved in zip(self._closed, d["closed"]):
-            c.extend((float(x), float(y), float(n)) for x, y, n in saved)
-        ld, self._d1, self._dd, self._d2, self._n_obs = d["noise"]
-        self._last_diff = _NAN if ld is None else float(ld)
-        self._n_obs = int(self._n_obs)
+            c.extend((f(x), f(y), f(n)) for x, y, n in saved)
+        *noise, n_obs = d["noise"]
+        self._last_diff, self._d1, self._dd, self._d2 = (f(v) for v in noise)
+        self._n_obs = int(n_obs)
