@@ -817,7 +817,7 @@ class PhaseDetector:
         elapsed = self._last_step - self._first_step
         w = self._lp_ms.window_steps(f.level)
         a = self.config.trend_alpha * min(1.0, w / elapsed) ** self.config.trend_alpha_decay
-        return t_critical(int(f.df * 10), max(1, int(round(a * 1e6))))
+        return t_critical(int(f.df * 10), max(1, round(a * 1e6)))
 
     def _level_rank(self, level: int) -> int:
         """What one trend level says now: 0 nothing, 1 stagnation, 2 decay."""

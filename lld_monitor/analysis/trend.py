@@ -224,7 +224,7 @@ class MultiScaleTrend:
             level,
             slope,
             t,
-            t_critical(int(df * 10), int(round(self.alpha * 1e6))),
+            t_critical(int(df * 10), round(self.alpha * 1e6)),
             slope * span,
             se * span,
             span,
