@@ -806,9 +806,22 @@ class PhaseDetector:
         if peak == peak:
             scale = max(abs(peak), peak - trough if trough == trough else 0.0)
             drop = peak - E[_RW_F]
+            # the peak of a noisy EMA is itself an extreme: over n independent stretches of
+            # fast_tau steps it sits about sqrt(2 ln n) noise sd above the level
+            n_ind = max((self._last_step - self._first_step) / self.config.fast_tau, 1.0)
+            extreme = math.sqrt(2.0 * math.log(n_ind)) if n_ind > 1.0 else 0.0
             if scale > 0.0:
-                fall = drop / scale if drop > k * damp * E[_RW_D] else 0.0
+                fall = drop / scale if drop > (k + extreme) * damp * E[_RW_D] else 0.0
         return g_ratio, h_ratio, kl_ratio, fall
+
+    def _reward_declining(self) -> bool:
+        """A significant downward reward trend at some scale (a low, noisy reward that merely
+        sits below an early noisy peak is not a fall)."""
+        for level in range(self.config.trend_levels):
+            r = self._rw_ms.fit(level, need_t=2.0)
+            if r is not None and r.t <= -self._t_crit(r):
+                return True
+        return False
 
     def _t_crit(self, f: TrendFit) -> float:
         """Critical t of a level's test, stricter the more windows of that level the run has
@@ -925,7 +938,7 @@ class PhaseDetector:
                 and not fall > cfg.reward_fall_frac / 3
                 and (r1 - r0) >= cfg.reward_min_rise * max(abs(r0), abs(r1), 1e-12)
             )
-            if not reward_rising:
+            if not reward_rising and self._reward_declining():
                 return 3  # collapse visible in the standard metrics alone
         return 0
 
