@@ -457,3 +457,32 @@ def test_displacement_silent_on_healthy_toy_runs_and_state_round_trip(tmp_path):
         assert "displacement" not in {a.kind for a in alerts}
     det2 = PhaseDetector.from_state_dict(json.loads(json.dumps(det.state_dict())))
     assert det2.state_dict() == det.state_dict()
+
+
+# --- failures that are not LLD-specific: slow reward decline, KL blow-up ----------------------
+
+
+def test_reward_decline_named_and_flat_noise_is_not():
+    # reward 0.60 -> 0.30 linearly over steps 100..300 (+-0.02 alternating), no other signal:
+    # a 50% decline over 200 steps, significant at the 120/240-step scales
+    rows = [
+        {C.STEP: s, C.REWARD_MEAN: 0.6 - 0.0015 * max(0, s - 100) + 0.02 * (-1) ** s}
+        for s in range(300)
+    ]
+    alerts, _, _ = _replay(rows)
+    (a,) = [a for a in alerts if a.kind == "reward_decline"]
+    assert a.severity == "warning" and "not specific to LLD" in a.message
+    assert 150 < a.step < 300 and a.evidence["reward_end"] < 0.7 * a.evidence["reward_start"]
+    flat = [{C.STEP: s, C.REWARD_MEAN: 0.45 + 0.1 * (-1) ** (s // 3)} for s in range(600)]
+    assert not [a for a in _replay(flat)[0] if a.kind == "reward_decline"]
+
+
+def test_kl_blowup_from_its_settled_level_not_from_zero():
+    # KL grows from 1e-5 to 0.02 (normal: it starts at 0) and stays: no alert; then it climbs
+    # to 3.0: x300 the settled level (the lowest slow EMA after warm-up, at least kl_floor 0.01)
+    grow = [{C.STEP: s, C.KL: min(1e-5 * 1.2**s, 0.02)} for s in range(200)]
+    assert not [a for a in _replay(grow)[0] if a.kind == "kl_blowup"]
+    blow = grow + [{C.STEP: 200 + s, C.KL: 3.0} for s in range(40)]
+    alerts = [a for a in _replay(blow)[0] if a.kind == "kl_blowup"]
+    assert len(alerts) == 1 and 205 <= alerts[0].step <= 230
+    assert alerts[0].evidence["kl_settled"] == pytest.approx(0.01)

@@ -91,6 +91,9 @@ class DetectorConfig:
     failure_persist_steps: int = 10  # dead_signal / entropy_collapse / length_blowup persistence
     entropy_floor_frac: float = 0.1  # entropy below this share of its early level = collapse
     length_blowup_ratio: float = 3.0  # completion length above this multiple of its early level
+    reward_decline_frac: float = 0.3  # sustained reward decline from its peak (not LLD-specific)
+    kl_blowup_ratio: float = 100.0  # KL above this multiple of its settled level ...
+    kl_floor: float = 0.01  # ... taken as at least this (KL grows from 0 in every run)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -328,7 +331,7 @@ _EMA_NAMES = (
     "log_grad_dev",
     "entropy_dev",
 )
-_FAILURES = ("dead_signal", "entropy_collapse", "length_blowup")
+_FAILURES = ("dead_signal", "entropy_collapse", "length_blowup", "reward_decline", "kl_blowup")
 
 
 class PhaseDetector:
@@ -383,6 +386,7 @@ class PhaseDetector:
         self._rw_min = _NAN  # lowest fast reward EMA so far
         self._rw_trough = _NAN  # lowest fast reward EMA before the peak
         self._w_fast = _NAN  # fast-EMA weight of the last row's gap (noise of the fast EMAs)
+        self._kl_ref = _NAN  # lowest slow KL EMA after the warm-up (the settled level)
         self._h_early = _NAN  # entropy level over the warm-up rows
         self._len_early = _NAN
         self._early_n = 0
@@ -466,6 +470,7 @@ class PhaseDetector:
             "rw_trough": _enc(self._rw_trough),
             "w_fast": _enc(self._w_fast),
             "h_early": _enc(self._h_early),
+            "kl_ref": _enc(self._kl_ref),
             "len_early": _enc(self._len_early),
             "early_n": self._early_n,
             "grad_bad": self._grad_bad,
@@ -514,6 +519,7 @@ class PhaseDetector:
         self._rw_trough = _dec(state["rw_trough"])
         self._w_fast = _dec(state["w_fast"])
         self._h_early = _dec(state["h_early"])
+        self._kl_ref = _dec(state["kl_ref"])
         self._len_early = _dec(state["len_early"])
         self._early_n = int(state["early_n"])
         self._grad_bad = int(state["grad_bad"])
@@ -710,7 +716,10 @@ class PhaseDetector:
                 alerts.append(self._nonfinite_alert(istep, loss, g, bad_loss, bad_grad))
         elif not bad_grad:
             self._fired["nonfinite"] = False
-        if warm and (zstd == zstd or rstd == rstd or fin(h) or fin(ln)):
+        if warm:
+            ks = E[_KL_S]
+            if ks == ks and not ks >= self._kl_ref:
+                self._kl_ref = ks
             self._failures(step, istep, zstd, rstd, alerts)
 
         # --- LLD phase conditions ---------------------------------------------------------
@@ -814,10 +823,25 @@ class PhaseDetector:
                 fall = drop / scale if drop > (k + extreme) * damp * E[_RW_D] else 0.0
         return g_ratio, h_ratio, kl_ratio, fall
 
-    def _reward_declining(self) -> bool:
+    def _reward_decline(self) -> TrendFit | None:
+        """The finest reward trend with a window of 120 steps or more that falls significantly
+        (the trend test of the phases) by at least ``reward_decline_frac`` of its fitted start:
+        a slow decline with no explosion, which a warning names (not LLD-specific)."""
+        cfg = self.config
+        for level in range(2, cfg.trend_levels):
+            r = self._rw_ms.fit(level, need_t=2.0)
+            if r is None or r.change >= 0.0:
+                continue
+            if -r.change < cfg.reward_decline_frac * max(abs(r.first), abs(r.last)):
+                continue
+            if r.t <= -self._t_crit(r):
+                return r
+        return None
+
+    def _reward_declining(self, min_level: int = 0) -> bool:
         """A significant downward reward trend at some scale (a low, noisy reward that merely
         sits below an early noisy peak is not a fall)."""
-        for level in range(self.config.trend_levels):
+        for level in range(min_level, self.config.trend_levels):
             r = self._rw_ms.fit(level, need_t=2.0)
             if r is not None and r.t <= -self._t_crit(r):
                 return True
@@ -1027,10 +1051,13 @@ class PhaseDetector:
         cfg = self.config
         he, hf = self._h_early, self._ema[_H_F]
         le, lf = self._len_early, self._ema[_LEN_F]
+        kl_ref = max(self._kl_ref, cfg.kl_floor) if self._kl_ref == self._kl_ref else _NAN
         conds = (
             (zstd >= cfg.dead_zero_std) or (rstd <= cfg.dead_reward_std),
             he > 0.0 and hf <= cfg.entropy_floor_frac * he,
             le > 0.0 and lf >= cfg.length_blowup_ratio * le,
+            self._phase != "collapse" and self._reward_decline() is not None,
+            self._ema[_KL_F] >= cfg.kl_blowup_ratio * kl_ref,
         )
         since, fired, need = self._since, self._fired, cfg.failure_persist_steps
         for kind, cond in zip(_FAILURES, conds):
@@ -1085,9 +1112,32 @@ class PhaseDetector:
                 "the policy has become (near) deterministic"
             )
             ev = {"entropy": _enc(hf), "entropy_early": _enc(he)}
-        else:
+        elif kind == "length_blowup":
             msg = f"completion length {_fmt(lf)} is x{lf / le:.1f} its early level {_fmt(le)}"
             ev = {"completion_length": _enc(lf), "completion_length_early": _enc(le)}
+        elif kind == "reward_decline":
+            r = self._reward_decline()
+            r0, r1, t, span = (r.first, r.last, r.t, r.span) if r else (_NAN,) * 4
+            msg = (
+                f"reward declining: {_fmt(r0)} -> {_fmt(r1)} ({_fmt(100 * (r1 - r0) / abs(r0))}%) "
+                f"over {span:.0f} steps, t={t:.1f}, with no collapse seen"
+            )
+            ev = {
+                "reward_start": _enc(r0),
+                "reward_end": _enc(r1),
+                "reward_t": _enc(t),
+                "window_steps": _enc(span),
+            }
+            return Alert(
+                step, kind, "warning", f"{msg} (for {held:.0f} steps); not specific to LLD", ev
+            )
+        else:
+            kl, ref = self._ema[_KL_F], max(self._kl_ref, self.config.kl_floor)
+            msg = f"KL to the reference {_fmt(kl)} is x{kl / ref:.0f} its settled level {_fmt(ref)}"
+            ev = {"kl": _enc(kl), "kl_settled": _enc(ref)}
+            return Alert(
+                step, kind, "warning", f"{msg} (for {held:.0f} steps); not specific to LLD", ev
+            )
         return Alert(step, kind, "warning", f"{msg} (for {held:.0f} steps); not a sign of LLD", ev)
 
     def _phase_alert(self, step: int, phase: str, ev: dict[str, Any]) -> Alert:
