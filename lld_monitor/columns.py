@@ -101,6 +101,12 @@ STEP_COLUMNS: tuple[str, ...] = (
     *LLDS_COLUMNS,
 )
 
+# Comma-separated names of the row's columns whose logged value was non-finite (NaN, +-inf).
+# The run log stores such values as null and names them here; importers name literal nan/inf
+# cells. A row that carries this key (even empty) says which of its missing values were
+# non-finite: a blank CSV cell is a missing value, not a NaN. Not a step column.
+NONFINITE = "nonfinite"
+
 # --- event log fields -----------------------------------------------------------------------
 EVENT_TYPE = "type"  # one of EVENT_TYPES
 EVENT_STEP = "step"

@@ -449,7 +449,12 @@ class PhaseDetector:
         step = _f(row.get(C.STEP))
         if not math.isfinite(step):
             raise ValueError(f"a row needs a numeric {C.STEP!r} value, got {row.get(C.STEP)!r}")
-        return self._update(step, tuple([_f(row.get(c)) for c in INPUT_COLUMNS]))
+        marks = row.get(C.NONFINITE)
+        return self._update(
+            step,
+            tuple([_f(row.get(c)) for c in INPUT_COLUMNS]),
+            marks.split(",") if isinstance(marks, str) else None,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The full running state as plain JSON (no NaN: encoded as null)."""
@@ -553,8 +558,12 @@ class PhaseDetector:
             self._alpha[dt] = w
         return w
 
-    def _update(self, step: float, v: tuple[float, ...]) -> list[Alert]:
-        """Core update on the value tuple ordered as ``INPUT_COLUMNS``."""
+    def _update(
+        self, step: float, v: tuple[float, ...], marks: list[str] | None = None
+    ) -> list[Alert]:
+        """Core update on the value tuple ordered as ``INPUT_COLUMNS``; ``marks``: the columns
+        the row says were non-finite when logged (``C.NONFINITE``; None: the row does not say,
+        and a NaN counts when the column was finite before and the row has other values)."""
         if step <= self._last_step:
             return []
         cfg = self.config
@@ -575,17 +584,20 @@ class PhaseDetector:
 
         # --- non-finite loss / grad norm: NaN counts only when the column was seen finite and
         # the row carries other training values (else it is a missing value, e.g. an eval row)
+        other = fin(rw) or fin(h) or fin(kl) or fin(ln)
         if fin(loss):
             seen.add(C.LOSS)
             bad_loss = False
+        elif marks is not None:  # the row names its non-finite values: a blank is missing
+            bad_loss = loss == loss or C.LOSS in marks
         else:
-            bad_loss = loss == loss or (
-                C.LOSS in seen and (fin(rw) or fin(h) or fin(kl) or fin(ln))
-            )
+            bad_loss = loss == loss or (C.LOSS in seen and other)
         if fin(g):
             bad_grad = False
+        elif marks is not None:
+            bad_grad = g == g or C.GRAD_NORM in marks
         else:
-            bad_grad = g == g or (C.GRAD_NORM in seen and (fin(rw) or fin(h) or fin(kl) or fin(ln)))
+            bad_grad = g == g or (C.GRAD_NORM in seen and other)
         self._grad_bad = self._grad_bad + 1 if bad_grad else 0
 
         # --- feed the statistics ---------------------------------------------------------------
