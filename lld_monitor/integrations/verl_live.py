@@ -98,9 +98,10 @@ def control_name_for(run_dir: str | Path) -> str:
 
 
 def response_rewards(batch: Mapping[str, Any]) -> torch.Tensor | None:
-    """[B] rewards from verl's ``token_level_scores`` ([B, R], the score on the last token; the
-    sum), else ``rewards`` ([B] or [B, R]); None when the batch holds neither."""
-    for key in ("token_level_scores", "rm_scores", "rewards"):
+    """[B] rewards: the sum over tokens of verl's ``token_level_scores`` ([B, R], the score on the
+    last token), else of ``token_level_rewards`` (scores minus any in-reward KL penalty), else
+    ``rm_scores`` / ``rewards`` ([B] or [B, R]); None when the batch holds none of them."""
+    for key in ("token_level_scores", "token_level_rewards", "rm_scores", "rewards"):
         value = batch.get(key)
         if value is None:
             continue

@@ -1,0 +1,175 @@
+"""verl's v1 trainer with the live monitor: ``trainer.v1.trainer_mode=lld_monitor``.
+
+verl 0.9.1's ``main_ppo`` builds its trainer with ``get_trainer_cls(trainer.v1.trainer_mode)``
+from a registry (``verl.trainer.ppo.v1.trainer_base.register_trainer``). Importing this module
+registers :class:`LLDMonitorTrainer` (verl's ``PPOTrainerSync`` plus the monitor) as
+``lld_monitor``; verl imports it in its TaskRunner through ``VERL_USE_EXTERNAL_MODULES`` (see
+docs/verl.md for the command). Settings come from a ``lld_monitor`` section of the Hydra config
+(``+lld_monitor.run_dir=...``, keys in :data:`SETTINGS`).
+
+NOT RUN in this project's tests: verl's v1 trainer imports ``transfer_queue`` and needs a rollout
+engine (vLLM/SGLang), neither of which runs on the CPU test machine. The parts it wires together
+(:class:`~lld_monitor.integrations.verl_live.VerlLiveMonitor`, the Ray control, the probe through
+the actor's ``compute_log_prob``) are tested with real Ray workers in tests/test_verl_live.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import transfer_queue as tq
+from omegaconf import OmegaConf, open_dict
+from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+from lld_monitor.integrations.verl_live import VerlLiveMonitor, control_name_for
+from lld_monitor.llds import LLDSConfig
+
+#: ``trainer.v1.trainer_mode`` value that selects this trainer.
+TRAINER_MODE = "lld_monitor"
+#: Keys of the ``lld_monitor`` config section and their defaults.
+SETTINGS: dict[str, Any] = {
+    "run_dir": None,  # default: <trainer.default_local_dir>/lld_run
+    "probe_fraction": 0.25,  # share of each batch probed after its update (0 = off)
+    "auto_llds": False,  # switch LLDS on at a stagnation/decay alert
+    "auto_llds_on": ["stagnation", "decay"],
+    "llds_lambda": 0.2,  # lambda for auto_llds / llds.enable()
+    "flight_recorder": True,
+    "console": True,  # alerts to the log
+    "wandb": False,  # alerts and rows to the W&B run verl's tracker opened
+    "webhook": None,  # URL for Slack-compatible alert POSTs
+}
+
+
+def settings_from(config: Any) -> dict[str, Any]:
+    """The ``lld_monitor`` section merged over :data:`SETTINGS`; unknown keys raise."""
+    section = config.get("lld_monitor") if hasattr(config, "get") else None
+    given = OmegaConf.to_container(section, resolve=True) if section is not None else {}
+    unknown = sorted(set(given) - set(SETTINGS))
+    if unknown:
+        raise ValueError(f"lld_monitor config: unknown keys {unknown}; known: {sorted(SETTINGS)}")
+    return {**SETTINGS, **given}
+
+
+def _sinks(settings: Mapping[str, Any]) -> list[Any]:
+    from lld_monitor.sinks import ConsoleSink, WandbSink, WebhookSink
+
+    sinks: list[Any] = []
+    if settings["console"]:
+        sinks.append(ConsoleSink())
+    if settings["wandb"]:
+        sinks.append(WandbSink())
+    if settings["webhook"]:
+        sinks.append(WebhookSink(settings["webhook"]))
+    return sinks
+
+
+@register_trainer(TRAINER_MODE)
+class LLDMonitorTrainer(PPOTrainerSync):
+    """verl's synchronous v1 trainer plus :class:`VerlLiveMonitor` in the driver."""
+
+    def __init__(self, config: Any) -> None:
+        settings = settings_from(config)
+        run_dir = settings["run_dir"] or os.path.join(config.trainer.default_local_dir, "lld_run")
+        policy_loss = config.actor_rollout_ref.actor.policy_loss
+        uses_llds = policy_loss.get("loss_mode") == "llds"
+        control = control_name_for(run_dir) if uses_llds else None
+        if control is not None:  # before the workers are built from this config
+            with open_dict(config):
+                policy_loss.llds_control = control
+        super().__init__(config)
+        enabled = bool(policy_loss.get("llds_enabled", False)) if uses_llds else False
+        lam = float(policy_loss.get("llds_lambda", settings["llds_lambda"]))
+        self.lld = VerlLiveMonitor(
+            run_dir,
+            llds=LLDSConfig(lam=lam, enabled=enabled),
+            control=control,
+            probe_fraction=float(settings["probe_fraction"]),
+            flight_recorder=bool(settings["flight_recorder"]),
+            auto_llds=bool(settings["auto_llds"]),
+            auto_llds_on=tuple(settings["auto_llds_on"]),
+            sinks=_sinks(settings),
+            meta={"verl_experiment": str(config.trainer.experiment_name)},
+        )
+        self._lld_probe: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def fit(self, agent_loop_manager: Any) -> None:
+        self.lld.tokenizer = getattr(self, "tokenizer", None)
+        error: BaseException | None = None
+        try:
+            super().fit(agent_loop_manager)
+        except BaseException as err:
+            error = err
+            raise
+        finally:
+            self.lld.close(error=error)
+
+    def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        self.lld.before_update(self.global_steps)
+        batch = super()._update_actor(batch, metrics)
+        self._lld_probe = None
+        with self.lld.monitor.guard("verl probe"):
+            self._lld_probe = self._probe(batch)
+        return batch
+
+    def _probe(self, batch: KVBatchMeta) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The sampled rows' log-probs after the update, through the actor's compute_log_prob."""
+        dp = int(getattr(self.actor_rollout_wg, "world_size", 1))
+        rows = self.lld.probe_rows(len(batch.keys), multiple=dp)
+        if rows is None:
+            return None
+        sub = KVBatchMeta(
+            partition_id=batch.partition_id,
+            keys=[batch.keys[i] for i in rows.tolist()],
+            tags=[batch.tags[i] for i in rows.tolist()],
+        )
+        sub.extra_info.update(
+            {
+                "calculate_entropy": False,
+                "compute_loss": False,
+                "temperature": self.config.actor_rollout_ref.rollout.temperature,
+            }
+        )
+        self.actor_rollout_wg.compute_log_prob(sub)
+        data = tq.kv_batch_get(
+            keys=sub.keys, partition_id=sub.partition_id, select_fields=["log_probs"]
+        )
+        from verl.workers.utils.padding import response_from_nested
+
+        mask = tq.kv_batch_get(
+            keys=sub.keys, partition_id=sub.partition_id, select_fields=["response_mask"]
+        )["response_mask"]
+        data["log_probs"] = response_from_nested(data["log_probs"], mask)
+        return rows, data.to_padded_tensor()["log_probs"].float()
+
+    def _compute_metrics(self, batch: KVBatchMeta, metrics, timing_raw, global_steps, epoch):
+        out = super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+        with self.lld.monitor.guard("verl step fetch"):
+            fields = ["responses", "response_mask", "old_log_probs", "advantages"]
+            fields.append("token_level_rewards")
+            if self.use_reference_policy:
+                fields.append("ref_log_prob")
+            data = tq.kv_batch_get(
+                keys=batch.keys, partition_id=batch.partition_id, select_fields=fields
+            )
+            padded = data.to_padded_tensor()
+            keep = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)]
+            idx = torch.tensor(keep, dtype=torch.long)
+            tensors = {k: padded[k][idx] for k in fields}
+            width = tensors["response_mask"].shape[1]
+            probe_rows = probe = None
+            if self._lld_probe is not None:
+                rows, logp = self._lld_probe
+                position = {row: j for j, row in enumerate(keep)}
+                pick = [k for k, r in enumerate(rows.tolist()) if r in position]
+                if pick:
+                    probe_rows = torch.tensor([position[rows[k].item()] for k in pick])
+                    probe = torch.nn.functional.pad(logp[pick], (0, width - logp.shape[1]))
+            self.lld.end_step(
+                int(global_steps), tensors, metrics, probe_log_probs=probe, probe_rows=probe_rows
+            )
+        return out
