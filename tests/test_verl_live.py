@@ -198,6 +198,36 @@ def test_manual_switch_without_ray_is_recorded(tmp_path):
     assert "llds_enable" in kinds and "llds_disable" in kinds and "decay" in kinds
 
 
+def test_trainer_settings_through_verls_hydra_config():
+    # the documented overrides compose with verl's own ppo_trainer config
+    from hydra import compose, initialize_config_dir
+
+    from lld_monitor.integrations.verl_live import settings_from, sinks_from
+    from lld_monitor.sinks import ConsoleSink, WebhookSink
+
+    cfg_dir = Path(verl.__file__).parent / "trainer" / "config"
+    overrides = [
+        line.strip().rstrip("\\").strip().replace('"$RUN_DIR"', "/runs/lld_run")
+        for line in (REPO / "examples" / "verl_live_monitor.sh").read_text().splitlines()
+        if line.strip().startswith(("+lld_monitor.", "trainer.v1.trainer_mode"))
+    ]
+    assert "trainer.v1.trainer_mode=lld_monitor" in overrides
+    with initialize_config_dir(config_dir=str(cfg_dir), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    settings = settings_from(cfg)
+    assert settings["auto_llds"] is True and settings["probe_fraction"] == 0.25
+    assert settings["run_dir"] == "/runs/lld_run" and settings["webhook"] is None
+    assert [type(x) for x in sinks_from({**settings, "webhook": "http://127.0.0.1:9"})] == [
+        ConsoleSink,
+        WebhookSink,
+    ]
+    with initialize_config_dir(config_dir=str(cfg_dir), version_base=None):
+        bad = compose(config_name="ppo_trainer", overrides=["+lld_monitor.probe=0.5"])
+    with pytest.raises(ValueError, match=r"unknown keys \['probe'\]"):
+        settings_from(bad)
+    assert settings_from(cfg.trainer)["auto_llds"] is False  # no section: the defaults
+
+
 # --- slow: real Ray, two FSDP2 workers --------------------------------------------------------
 
 

@@ -45,11 +45,14 @@ _LOG = logging.getLogger(__name__)
 
 __all__ = [
     "FLIGHT_DIR",
+    "TRAINER_SETTINGS",
     "FlightRecorder",
     "LLDSControl",
     "VerlLiveMonitor",
     "control_name_for",
     "response_rewards",
+    "settings_from",
+    "sinks_from",
 ]
 
 #: Folder of the flight recorder inside the run folder.
@@ -59,6 +62,52 @@ GRAD_NORM_KEY = "actor/grad_norm"
 PG_LOSS_KEY = "actor/pg_loss"
 LLDS_LOSS_KEY = "actor/lld/" + C.LLDS_LOSS
 LLDS_FRAC_KEY = "actor/lld/" + C.LLDS_FRAC_GATED
+
+
+# --- settings of the trainer (verl_trainer.LLDMonitorTrainer) ------------------------------------
+
+#: Keys of the ``lld_monitor`` config section and their defaults.
+TRAINER_SETTINGS: dict[str, Any] = {
+    "run_dir": None,  # default: <trainer.default_local_dir>/lld_run
+    "probe_fraction": 0.25,  # share of each batch probed after its update (0 = off)
+    "auto_llds": False,  # switch LLDS on at a stagnation/decay alert
+    "auto_llds_on": ["stagnation", "decay"],
+    "llds_lambda": 0.2,  # lambda for auto_llds / llds.enable()
+    "flight_recorder": True,
+    "console": True,  # alerts to the log
+    "wandb": False,  # alerts and rows to the W&B run verl's tracker opened
+    "webhook": None,  # URL for Slack-compatible alert POSTs
+}
+
+
+def settings_from(config: Any) -> dict[str, Any]:
+    """The ``lld_monitor`` section merged over :data:`TRAINER_SETTINGS`; unknown keys raise."""
+    from omegaconf import OmegaConf
+
+    section = config.get("lld_monitor") if hasattr(config, "get") else None
+    given = OmegaConf.to_container(section, resolve=True) if section is not None else {}
+    if not isinstance(given, dict):
+        raise ValueError(f"lld_monitor config must be a mapping of settings, got {given!r}")
+    unknown = sorted(set(given) - set(TRAINER_SETTINGS))
+    if unknown:
+        raise ValueError(
+            f"lld_monitor config: unknown keys {unknown}; known: {sorted(TRAINER_SETTINGS)}"
+        )
+    return {**TRAINER_SETTINGS, **given}
+
+
+def sinks_from(settings: Mapping[str, Any]) -> list[Any]:
+    """The sinks the trainer settings ask for (console, W&B, webhook)."""
+    from lld_monitor.sinks import ConsoleSink, WandbSink, WebhookSink
+
+    sinks: list[Any] = []
+    if settings["console"]:
+        sinks.append(ConsoleSink())
+    if settings["wandb"]:
+        sinks.append(WandbSink())
+    if settings["webhook"]:
+        sinks.append(WebhookSink(settings["webhook"]))
+    return sinks
 
 
 # --- the runtime switch ---------------------------------------------------------------------------

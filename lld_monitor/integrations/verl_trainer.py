@@ -5,7 +5,7 @@ from a registry (``verl.trainer.ppo.v1.trainer_base.register_trainer``). Importi
 registers :class:`LLDMonitorTrainer` (verl's ``PPOTrainerSync`` plus the monitor) as
 ``lld_monitor``; verl imports it in its TaskRunner through ``VERL_USE_EXTERNAL_MODULES`` (see
 docs/verl.md for the command). Settings come from a ``lld_monitor`` section of the Hydra config
-(``+lld_monitor.run_dir=...``, keys in :data:`SETTINGS`).
+(``+lld_monitor.run_dir=...``, keys in ``verl_live.TRAINER_SETTINGS``).
 
 NOT RUN in this project's tests: verl's v1 trainer imports ``transfer_queue`` and needs a rollout
 engine (vLLM/SGLang), neither of which runs on the CPU test machine. The parts it wires together
@@ -16,56 +16,25 @@ the actor's ``compute_log_prob``) are tested with real Ray workers in tests/test
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 import transfer_queue as tq
-from omegaconf import OmegaConf, open_dict
+from omegaconf import open_dict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from lld_monitor.integrations.verl_live import VerlLiveMonitor, control_name_for
+from lld_monitor.integrations.verl_live import (
+    VerlLiveMonitor,
+    control_name_for,
+    settings_from,
+    sinks_from,
+)
 from lld_monitor.llds import LLDSConfig
 
 #: ``trainer.v1.trainer_mode`` value that selects this trainer.
 TRAINER_MODE = "lld_monitor"
-#: Keys of the ``lld_monitor`` config section and their defaults.
-SETTINGS: dict[str, Any] = {
-    "run_dir": None,  # default: <trainer.default_local_dir>/lld_run
-    "probe_fraction": 0.25,  # share of each batch probed after its update (0 = off)
-    "auto_llds": False,  # switch LLDS on at a stagnation/decay alert
-    "auto_llds_on": ["stagnation", "decay"],
-    "llds_lambda": 0.2,  # lambda for auto_llds / llds.enable()
-    "flight_recorder": True,
-    "console": True,  # alerts to the log
-    "wandb": False,  # alerts and rows to the W&B run verl's tracker opened
-    "webhook": None,  # URL for Slack-compatible alert POSTs
-}
-
-
-def settings_from(config: Any) -> dict[str, Any]:
-    """The ``lld_monitor`` section merged over :data:`SETTINGS`; unknown keys raise."""
-    section = config.get("lld_monitor") if hasattr(config, "get") else None
-    given = OmegaConf.to_container(section, resolve=True) if section is not None else {}
-    unknown = sorted(set(given) - set(SETTINGS))
-    if unknown:
-        raise ValueError(f"lld_monitor config: unknown keys {unknown}; known: {sorted(SETTINGS)}")
-    return {**SETTINGS, **given}
-
-
-def _sinks(settings: Mapping[str, Any]) -> list[Any]:
-    from lld_monitor.sinks import ConsoleSink, WandbSink, WebhookSink
-
-    sinks: list[Any] = []
-    if settings["console"]:
-        sinks.append(ConsoleSink())
-    if settings["wandb"]:
-        sinks.append(WandbSink())
-    if settings["webhook"]:
-        sinks.append(WebhookSink(settings["webhook"]))
-    return sinks
 
 
 @register_trainer(TRAINER_MODE)
@@ -92,7 +61,7 @@ class LLDMonitorTrainer(PPOTrainerSync):
             flight_recorder=bool(settings["flight_recorder"]),
             auto_llds=bool(settings["auto_llds"]),
             auto_llds_on=tuple(settings["auto_llds_on"]),
-            sinks=_sinks(settings),
+            sinks=sinks_from(settings),
             meta={"verl_experiment": str(config.trainer.experiment_name)},
         )
         self._lld_probe: tuple[torch.Tensor, torch.Tensor] | None = None
