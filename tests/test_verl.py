@@ -303,9 +303,14 @@ def test_metrics_reach_verls_file_logger_and_import_as_our_columns(tmp_path, mon
     tracker.logger["file"].finish()
     df = load_table(path)
     assert list(df[C.STEP]) == [1, 2]
-    for column in (*C.LLD_COLUMNS, *C.LLDS_COLUMNS):
+    for column in (*C.CONFIDENCE_COLUMNS, *C.LLDS_COLUMNS):
         want = [row[f"actor/{lv.metric_name(column)}"] for row in rows]
         assert list(df[column]) == pytest.approx(want, nan_ok=True), column
+    # the displacement at the loss call is another quantity than the probe's delta_*: logged
+    # under its own name and not imported as delta_*
+    for column in C.DISPLACEMENT_COLUMNS:
+        assert f"actor/lld/loss_call/{column}" in rows[0] and column not in df.columns
+        assert f"actor/lld/loss_call/{column}" in df.attrs["unmapped_columns"]
 
 
 def test_metric_without_global_batch_info_is_per_micro_batch():
@@ -605,7 +610,7 @@ def test_one_real_update_through_verls_actor_worker(tmp_path):
     first, second = r["first"], r["second"]
     # first mini-batch: pi_theta == pi_old -> no displacement, LLDS exactly 0
     assert first["lld/llds_loss"] == 0.0 and first["lld/llds_frac_gated"] == 0.0
-    assert first["lld/delta_correct"] == pytest.approx(0.0, abs=1e-6)
+    assert first["lld/loss_call/delta_correct"] == pytest.approx(0.0, abs=1e-6)
     assert first["lld/llds_enabled"] == 1.0 and first["lld/llds_lambda"] == 0.2
     # the first update lowered row 2 (a copy of the pushed-down row 1)
     d2 = ((old[2] - mid[2]) * mask[2]).sum()
@@ -638,7 +643,7 @@ def test_one_real_update_through_verls_actor_worker(tmp_path):
     )
     # LLD metrics pooled over the mini-batch (rows 2, 3; correct = A > 0: none)
     stats = likelihood_displacement(old[2:], mid[2:], mask[2:], advantages=adv[2:, 0]).as_row()
-    assert second["lld/n_correct"] == 0.0 and second["lld/n_incorrect"] == 2.0
-    assert second["lld/delta_incorrect"] == pytest.approx(
+    assert second["lld/loss_call/n_correct"] == 0.0 and second["lld/loss_call/n_incorrect"] == 2.0
+    assert second["lld/loss_call/delta_incorrect"] == pytest.approx(
         stats[C.DELTA_INCORRECT], rel=1e-3, abs=1e-5
     )

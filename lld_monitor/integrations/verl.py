@@ -37,6 +37,11 @@ LOSS_NAME = "llds"
 #: Prefix of every metric this loss adds to verl's metric dict (verl's trainer then prefixes
 #: ``actor/``, so trackers show ``actor/lld/<column>``).
 METRIC_PREFIX = "lld/"
+#: Prefix of the displacement columns the loss measures (``lld/loss_call/delta_correct``, ...):
+#: ``log_prob - old_log_prob`` at the policy-loss call, i.e. what the earlier mini-batches and
+#: epochs of this rollout batch did, not the post-update probe's ``delta_*`` (the policy after the
+#: batch's last update, written by the driver-side monitor). Importers do not map these names.
+LOSS_CALL_PREFIX = METRIC_PREFIX + "loss_call/"
 #: Extra metrics beyond the canonical columns (``lld/`` + these).
 METRIC_LLDS_N_GATED = "llds_n_gated"  # gated actions/responses/tokens in the micro-batch
 METRIC_LLDS_ANSWER_WEIGHT = "llds_answer_weight"  # beta in force (1.0 without answer weighting)
@@ -121,6 +126,7 @@ def ensure_trl_compat() -> bool:
 ensure_trl_compat()
 
 __all__ = [
+    "LOSS_CALL_PREFIX",
     "LOSS_NAME",
     "METRIC_PREFIX",
     "TESTED_VERL_SERIES",
@@ -141,7 +147,10 @@ __all__ = [
 
 
 def metric_name(column: str) -> str:
-    """The key a canonical column gets in verl's metric dict: ``"lld/" + column``."""
+    """The key a column gets in verl's metric dict: ``"lld/" + column``; the displacement
+    columns (``columns.DISPLACEMENT_COLUMNS``) get ``"lld/loss_call/" + column``."""
+    if column in C.DISPLACEMENT_COLUMNS:
+        return LOSS_CALL_PREFIX + column
     return METRIC_PREFIX + column
 
 
