@@ -87,8 +87,7 @@ class LLDMonitorTrainer(PPOTrainerSync):
 
     def _probe(self, batch: KVBatchMeta) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The sampled rows' log-probs after the update, through the actor's compute_log_prob."""
-        dp = int(getattr(self.actor_rollout_wg, "world_size", 1))
-        rows = self.lld.probe_rows(len(batch.keys), multiple=dp)
+        rows = self.lld.probe_rows(len(batch.keys), multiple=self._probe_multiple())
         if rows is None:
             return None
         sub = KVBatchMeta(
@@ -114,6 +113,17 @@ class LLDMonitorTrainer(PPOTrainerSync):
         )["response_mask"]
         data["log_probs"] = response_from_nested(data["log_probs"], mask)
         return rows, data.to_padded_tensor()["log_probs"].float()
+
+    def _probe_multiple(self) -> int:
+        """Rows of a compute_log_prob call must split evenly over the actor's data-parallel ranks
+        and, without dynamic batch sizes, over their log-prob micro-batches."""
+        wg = self.actor_rollout_wg
+        info = getattr(wg, "_dispatch_info", {}).get("actor")
+        dp = max(info) + 1 if info else int(getattr(wg, "world_size", 1))
+        ref = self.config.actor_rollout_ref
+        if ref.actor.get("use_dynamic_bsz", False):
+            return dp
+        return dp * int(ref.rollout.get("log_prob_micro_batch_size_per_gpu") or 1)
 
     def _compute_metrics(self, batch: KVBatchMeta, metrics, timing_raw, global_steps, epoch):
         out = super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
