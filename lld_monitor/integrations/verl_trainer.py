@@ -51,7 +51,8 @@ class LLDMonitorTrainer(PPOTrainerSync):
             with open_dict(config):
                 policy_loss.llds_control = control
         super().__init__(config)
-        enabled = bool(policy_loss.get("llds_enabled", False)) if uses_llds else False
+        # the workers' LLDSPolicyLossConfig defaults (llds_enabled true) when the keys are absent
+        enabled = bool(policy_loss.get("llds_enabled", True)) if uses_llds else False
         lam = float(policy_loss.get("llds_lambda", settings["llds_lambda"]))
         self.lld = VerlLiveMonitor(
             run_dir,
@@ -64,7 +65,7 @@ class LLDMonitorTrainer(PPOTrainerSync):
             sinks=sinks_from(settings),
             meta={"verl_experiment": str(config.trainer.experiment_name)},
         )
-        self._lld_probe: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._lld_probe: tuple[list[str], torch.Tensor] | None = None
 
     def fit(self, agent_loop_manager: Any) -> None:
         self.lld.tokenizer = getattr(self, "tokenizer", None)
@@ -85,8 +86,10 @@ class LLDMonitorTrainer(PPOTrainerSync):
             self._lld_probe = self._probe(batch)
         return batch
 
-    def _probe(self, batch: KVBatchMeta) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The sampled rows' log-probs after the update, through the actor's compute_log_prob."""
+    def _probe(self, batch: KVBatchMeta) -> tuple[list[str], torch.Tensor] | None:
+        """The sampled rows' keys and log-probs after the update, through the actor's
+        compute_log_prob. By key: with ``parameter_sync_step > 1`` a step updates several
+        sub-batches and the step's batch concatenates them; the last one's probe is kept."""
         rows = self.lld.probe_rows(len(batch.keys), multiple=self._probe_multiple())
         if rows is None:
             return None
@@ -112,7 +115,7 @@ class LLDMonitorTrainer(PPOTrainerSync):
             keys=sub.keys, partition_id=sub.partition_id, select_fields=["response_mask"]
         )["response_mask"]
         data["log_probs"] = response_from_nested(data["log_probs"], mask)
-        return rows, data.to_padded_tensor()["log_probs"].float()
+        return sub.keys, data.to_padded_tensor()["log_probs"].float()
 
     def _probe_multiple(self) -> int:
         """Rows of a compute_log_prob call must split evenly over the actor's data-parallel ranks
@@ -142,12 +145,13 @@ class LLDMonitorTrainer(PPOTrainerSync):
             width = tensors["response_mask"].shape[1]
             probe_rows = probe = None
             if self._lld_probe is not None:
-                rows, logp = self._lld_probe
-                position = {row: j for j, row in enumerate(keep)}
-                pick = [k for k, r in enumerate(rows.tolist()) if r in position]
+                keys, logp = self._lld_probe
+                position = {batch.keys[i]: j for j, i in enumerate(keep)}
+                pick = [k for k, key in enumerate(keys) if key in position]
                 if pick:
-                    probe_rows = torch.tensor([position[rows[k].item()] for k in pick])
+                    probe_rows = torch.tensor([position[keys[k]] for k in pick])
                     probe = torch.nn.functional.pad(logp[pick], (0, width - logp.shape[1]))
+            self._lld_probe = None
             self.lld.end_step(
                 int(global_steps), tensors, metrics, probe_log_probs=probe, probe_rows=probe_rows
             )
