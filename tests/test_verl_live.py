@@ -307,6 +307,11 @@ def test_run_folder_grows_step_by_step(ray_run):
     run = Run(ray_run["run_dir"])
     assert list(run.steps[C.STEP]) == [1, 2, 3, 4] and run.meta["engine"] == "verl"
     assert sorted(run.token_steps()) == [1, 2, 3, 4]  # drill-down samples from the probe
+    # `lld-monitor analyze` reads it like a TRL run folder
+    from lld_monitor.analysis.offline import analyze_run
+
+    used = analyze_run(ray_run["run_dir"]).signals_used
+    assert C.LOGP_CORRECT in used and C.FRAC_CORRECT_DISPLACED in used and C.GRAD_NORM in used
 
 
 @pytest.mark.slow
