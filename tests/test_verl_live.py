@@ -198,6 +198,27 @@ def test_manual_switch_without_ray_is_recorded(tmp_path):
     assert "llds_enable" in kinds and "llds_disable" in kinds and "decay" in kinds
 
 
+def test_monitor_failures_never_stop_training(tmp_path):
+    # no Ray here: the control cannot be created; a batch without old_log_probs cannot be read.
+    # Both are reported once as error events and training carries on (strict=False).
+    import ray
+
+    live = VerlLiveMonitor(tmp_path / "run", control=True, detector=None)
+    assert live.before_update(1) == 0 and not ray.is_initialized()
+    bad = {k: v for k, v in hand_batch().items() if k != "old_log_probs"}
+    row = live.end_step(1, bad, {"actor/grad_norm": 1.0})
+    assert row[C.STEP] == 1 and row[C.GRAD_NORM] == 1.0  # the rest of the row is still written
+    live.close()
+    errors = Run(tmp_path / "run").events
+    errors = errors[errors[C.EVENT_TYPE] == "error"]
+    assert list(errors[C.EVENT_KIND]) == ["verl before_update", "verl end_step rollout"]
+    assert "Ray is not initialised" in errors[C.EVENT_MESSAGE].iloc[0]
+    strict = VerlLiveMonitor(tmp_path / "strict", control=None, detector=None, strict=True)
+    with pytest.raises(KeyError, match="old_log_probs"):
+        strict.end_step(1, bad, {})
+    strict.close()
+
+
 def test_trainer_settings_through_verls_hydra_config():
     # the documented overrides compose with verl's own ppo_trainer config
     from hydra import compose, initialize_config_dir

@@ -403,6 +403,11 @@ class VerlLiveMonitor:
         if self._control is None:
             import ray
 
+            if not ray.is_initialized():  # never start a Ray cluster as a side effect
+                raise RuntimeError(
+                    "the LLDS control is a Ray actor and Ray is not initialised in this process "
+                    "(verl's driver initialises it); pass control=None to run without one"
+                )
             cls = ray.remote(num_cpus=0)(LLDSControl)
             self._control = cls.options(name=self.control_name, get_if_exists=True).remote(
                 self.llds.enabled, self.llds.lam
@@ -468,8 +473,8 @@ class VerlLiveMonitor:
         """
         t0 = time.perf_counter()
         mon = self.monitor
-        row: dict[str, Any] = {}
-        with mon.guard("verl end_step"):
+        observed = False
+        with mon.guard("verl end_step rollout"):
             mask = torch.as_tensor(batch["response_mask"])
             old = torch.as_tensor(batch["old_log_probs"]).float()
             adv = batch.get("advantages")
@@ -485,6 +490,8 @@ class VerlLiveMonitor:
                 entropy=batch.get("entropy"),
                 kl=kl,
             )
+            observed = True
+        with mon.guard("verl end_step update"):
             llds_out = None
             if metrics.get(LLDS_LOSS_KEY) is not None:
                 llds_out = SimpleNamespace(
@@ -496,11 +503,11 @@ class VerlLiveMonitor:
                 loss=_scalar(metrics.get(PG_LOSS_KEY)),
                 llds_out=llds_out,
             )
-            if probe_log_probs is not None:
-                rows = None if probe_rows is None else torch.as_tensor(probe_rows)
-                mon.observe_post_update(
-                    torch.as_tensor(probe_log_probs).float(), rows=rows, tokenizer=self.tokenizer
-                )
+        if probe_log_probs is not None and observed:  # never against an earlier step's batch
+            rows = None if probe_rows is None else torch.as_tensor(probe_rows)
+            mon.observe_post_update(
+                torch.as_tensor(probe_log_probs).float(), rows=rows, tokenizer=self.tokenizer
+            )
         row = mon.end_step(step)
         with mon.guard("verl flight recorder"):
             self._flight(step, batch, metrics, row, probe_log_probs, probe_rows)
