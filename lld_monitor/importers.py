@@ -77,6 +77,24 @@ FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
     C.FRAC_ZERO_STD_GROUPS: ("frac_reward_zero_std",),
     # the paper authors' verl fork (Search-R1 + LLDS): the lambda in force
     C.LLDS_LAMBDA: ("actor/loss_noreduce_coef",),
+    # ... and its sampling-policy confidence (AUTHORS_VERL_NAMES: what these mean)
+    C.LOGP_CORRECT: ("actor/pos_avg_old_log_prob",),
+    C.LOGP_INCORRECT: ("actor/neg_avg_old_log_prob",),
+}
+
+#: The paper authors' verl fork (``dp_actor.py``): metric -> what it is and how it is imported.
+#: ``pos/neg_avg_old_log_prob`` are ``masked_mean(old_log_prob * (A > 0 | A < 0), response_mask)``:
+#: the group's log-prob sum over ALL response tokens of the batch, so the level is the per-token
+#: mean times the group's share of tokens; the trend carries over (the detector reads trends).
+#: Our own ``actor/lld/logp_*`` win when both are logged. The others have no canonical column.
+AUTHORS_VERL_NAMES: dict[str, str] = {
+    "actor/pos_avg_old_log_prob": C.LOGP_CORRECT + " (level scaled by the A>0 token share)",
+    "actor/neg_avg_old_log_prob": C.LOGP_INCORRECT + " (level scaled by the A<0 token share)",
+    "actor/pos_avg_ref_log_prob": "not imported (reference policy, not the sampling policy)",
+    "actor/neg_avg_ref_log_prob": "not imported (reference policy, not the sampling policy)",
+    "actor/lowest_prob_avg_mean": "not imported (no canonical column)",
+    "actor/lowest_prob_avg_min": "not imported (no canonical column)",
+    "actor/loss_noreduce_coef": C.LLDS_LAMBDA,
 }
 
 _NON_TRAINING = frozenset({C.STEP, C.TIME, C.LEARNING_RATE})

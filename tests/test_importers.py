@@ -309,9 +309,11 @@ def test_mapping_names():
     assert canonical_name("completions/mean_length") == C.COMPLETION_LENGTH
     assert canonical_name("train/reward") == C.REWARD_MEAN
     assert canonical_name("eval/reward") is None
-    # the authors' verl fork: lambda maps; their token-diluted pos/neg log-probs do not
+    # the authors' verl fork: lambda maps; their token-diluted pos/neg log-probs map for their
+    # trend (tests/test_verl_authors_names.py); the reference-policy ones do not
     assert canonical_name("actor/loss_noreduce_coef") == C.LLDS_LAMBDA
-    assert canonical_name("actor/pos_avg_old_log_prob") is None
+    assert canonical_name("actor/pos_avg_old_log_prob") == C.LOGP_CORRECT
+    assert canonical_name("actor/pos_avg_ref_log_prob") is None
     assert canonical_name("actor/loss_noreduce") is None
     assert canonical_name("epoch") is None
     for col in C.STEP_COLUMNS:
