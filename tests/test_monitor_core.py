@@ -66,7 +66,7 @@ def test_row_from_the_plain_methods_is_hand_computed(tmp_path: Any) -> None:
         C.DELTA_INCORRECT: 0.5,  # 0 + 0.5
         C.DELTA_CORRECT_PER_TOKEN: 0.0,
         C.DELTA_INCORRECT_PER_TOKEN: 0.25,
-        C.FRAC_CORRECT_DISPLACED: 1.0,  # summed change 0 <= 0 counts as displaced
+        C.FRAC_CORRECT_DISPLACED: 0.0,  # summed change 0 is not < 0: not displaced
         C.FRAC_TOKENS_DISPLACED: 1 / 3,  # one of the correct response's 3 tokens fell
         C.N_CORRECT: 1.0,
         C.N_INCORRECT: 1.0,
@@ -194,26 +194,45 @@ def test_alerts_drive_actions_with_reasons(tmp_path: Any) -> None:
 
 
 def test_auto_llds_on_chooses_the_trigger_kinds(tmp_path: Any) -> None:
-    # default triggers: a collapse alert does not enable LLDS; with "collapse" added it does
+    # default triggers: the early signals, the paper's displacement indicator, collapse last
     collapse = Alert(3, "collapse", "critical", "reward halved", {})
+    displacement = Alert(2, "displacement", "warning", "0.8 of correct displaced", {})
+    nonfinite = Alert(2, "nonfinite", "critical", "loss=nan", {})
     default = LLDMonitor(tmp_path / "a", detector=None, auto_llds=True, strict=True)
-    assert default.decide(collapse) == []
-    wide = LLDMonitor(
+    assert default.auto_llds_on == ("stagnation", "decay", "displacement", "collapse")
+    assert default.decide(displacement) == [
+        ("llds_enable", "auto_llds on a displacement alert at step 2")
+    ]
+    assert default.decide(collapse) == [("llds_enable", "auto_llds on a collapse alert at step 3")]
+    assert default.decide(nonfinite) == []
+    narrow = LLDMonitor(
         tmp_path / "b",
-        detector=_ScriptedDetector({3: [collapse]}),
+        detector=_ScriptedDetector({2: [displacement], 3: [collapse]}),
         auto_llds=True,
-        auto_llds_on=("stagnation", "decay", "collapse"),
+        auto_llds_on=("stagnation", "decay"),
         strict=True,
     )
-    assert wide.decide(collapse) == [("llds_enable", "auto_llds on a collapse alert at step 3")]
-    wide.end_step(step=3)
+    assert narrow.decide(collapse) == [] and narrow.decide(displacement) == []
+    narrow.end_step(step=2)
+    narrow.end_step(step=3)
+    assert not narrow.llds.enabled
+    wide = LLDMonitor(
+        tmp_path / "c",
+        detector=_ScriptedDetector({2: [displacement]}),
+        auto_llds=True,
+        auto_llds_on=("displacement",),
+        strict=True,
+    )
+    wide.end_step(step=1)
+    assert not wide.llds.enabled
+    wide.end_step(step=2)
     assert wide.llds.enabled and wide.llds.lam == pytest.approx(0.2)
-    wide.close()
-    default.close()
+    for m in (default, narrow, wide):
+        m.close()
     with pytest.raises(ValueError, match="auto_llds_on"):
-        LLDMonitor(tmp_path / "c", auto_llds_on="collapse")
-    with pytest.raises(ValueError, match="auto_llds_on"):
-        LLDMonitor(tmp_path / "d", auto_llds_on=("nonfinite",))
+        LLDMonitor(tmp_path / "d", auto_llds_on="collapse")
+    with pytest.raises(ValueError, match="auto_llds_on.*displacement"):
+        LLDMonitor(tmp_path / "e", auto_llds_on=("nonfinite",))
 
 
 def test_correct_fn_and_advantage_fallback(tmp_path: Any) -> None:

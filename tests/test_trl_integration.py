@@ -127,7 +127,7 @@ def test_rows_probe_and_grad_norm_match_independent_recomputation(tmp_path: Any)
             )
         if correct.any():
             assert row[C.DELTA_CORRECT] == pytest.approx(float(expected[correct].mean()), abs=1e-4)
-            frac = float((expected[correct] <= 0).double().mean())
+            frac = float((expected[correct] < 0).double().mean())
             assert row[C.FRAC_CORRECT_DISPLACED] == pytest.approx(frac)
 
     logged = {h["step"]: h for h in trainer.state.log_history if "grad_norm" in h}
