@@ -455,3 +455,43 @@ def test_a_folder_that_holds_a_run_is_refused_at_construction(tmp_path: Any) -> 
     first.close()
     with pytest.raises(FileExistsError, match="already holds a run"):
         LLDMonitor(tmp_path / "run")
+
+
+def test_probe_where_nothing_moved_carries_no_displacement_evidence(tmp_path: Any) -> None:
+    b = _batch()
+    monitor = LLDMonitor(tmp_path / "run", detector=None, strict=True, token_samples_per_step=0)
+    # Step 1: a no-op update (logp_new == logp_old): no displacement columns, one info note.
+    monitor.observe_rollout(b["logp_old"], b["mask"], rewards=b["rewards"])
+    monitor.observe_post_update(b["logp_old"].clone())
+    row1 = monitor.end_step(step=1)
+    # Step 2: the same again: still no columns, and no second note.
+    monitor.observe_rollout(b["logp_old"], b["mask"], rewards=b["rewards"])
+    monitor.observe_post_update(b["logp_old"].clone())
+    row2 = monitor.end_step(step=2)
+    # Step 3: a no-op probe and a moving one: only the moving one counts (as in the hand row).
+    monitor.observe_rollout(b["logp_old"], b["mask"], rewards=b["rewards"])
+    monitor.observe_post_update(b["logp_old"].clone())
+    monitor.observe_post_update(b["logp_new"])
+    row3 = monitor.end_step(step=3)
+    # Step 4: the adapter says the optimizer did not step (lr 0): left out although it moved.
+    monitor.observe_rollout(b["logp_old"], b["mask"], rewards=b["rewards"])
+    monitor.measure_displacement(
+        b["logp_old"], b["logp_new"], b["mask"], torch.tensor([True, False]), stepped=False
+    )
+    row4 = monitor.end_step(step=4)
+    monitor.close()
+    for row in (row1, row2, row4):
+        assert not set(C.DISPLACEMENT_COLUMNS) & set(row)
+        assert row[C.LOGP_CORRECT] == pytest.approx(-2.0)  # confidence is still measured
+    assert row3[C.N_CORRECT] == 1.0 and row3[C.N_INCORRECT] == 1.0  # not 2 and 2
+    assert row3[C.DELTA_INCORRECT] == pytest.approx(0.5)
+    assert row3[C.FRAC_CORRECT_DISPLACED] == 0.0 and row3[C.FRAC_TOKENS_DISPLACED] == pytest.approx(
+        1 / 3
+    )
+    events = load_run(tmp_path / "run").events
+    notes = events[events[C.EVENT_KIND] == "no_step_probe"]
+    assert notes[C.EVENT_STEP].tolist() == [1]
+    assert notes[C.EVENT_SEVERITY].tolist() == ["info"]
+    assert "optimizer did not step" in notes[C.EVENT_MESSAGE].iloc[0]
+    steps = load_run(tmp_path / "run").steps.set_index(C.STEP)
+    assert steps[C.FRAC_CORRECT_DISPLACED].isna().tolist() == [True, True, False, True]
