@@ -231,7 +231,7 @@ def test_auto_llds_on_chooses_the_trigger_kinds(tmp_path: Any) -> None:
         m.close()
     with pytest.raises(ValueError, match="auto_llds_on"):
         LLDMonitor(tmp_path / "d", auto_llds_on="collapse")
-    with pytest.raises(ValueError, match="auto_llds_on.*displacement"):
+    with pytest.raises(ValueError, match=r"auto_llds_on.*displacement"):
         LLDMonitor(tmp_path / "e", auto_llds_on=("nonfinite",))
 
 
