@@ -414,9 +414,7 @@ def test_same_seed_same_run(policy):
     assert [{k: h[k] for k in keys if k in h} for h in other["log_history"]] != first
 
 
-def test_demo_auto_on_defaults_to_the_monitor_triggers_and_refuses_unknown_kinds(
-    tmp_path, capsys
-):
+def test_demo_auto_on_defaults_to_the_monitor_triggers_and_refuses_unknown_kinds(tmp_path, capsys):
     import argparse
 
     from lld_monitor.cli import main
