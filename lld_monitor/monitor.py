@@ -1113,8 +1113,9 @@ class LLDMonitor:
                 step,
                 "displacement columns left out: the post-update probe found no generated token "
                 "whose log-prob changed (the optimizer did not step: learning rate 0 during "
-                "warm-up, or skipped steps), so such rows are no evidence of displacement; said "
-                "once, it applies to every such row",
+                "warm-up, or skipped steps; or the policy puts probability 1 on every sampled "
+                "token), so such rows are no evidence of displacement; said once, it applies to "
+                "every such row",
                 "info",
                 {"probes": s["n_probe_still"]},
             )
