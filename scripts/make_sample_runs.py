@@ -21,6 +21,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -248,6 +249,8 @@ def make_auto_runs(
                     token_samples_per_step=0,
                     meta={"command": cmd, "demo_command": demo, "auto_check": name},
                 )
+                # token samples are not needed for this table: dropped to keep the folder small
+                shutil.rmtree(run_dir / "tokens", ignore_errors=True)
                 entries.append(
                     {
                         "name": name,
