@@ -495,3 +495,32 @@ def test_probe_where_nothing_moved_carries_no_displacement_evidence(tmp_path: An
     assert "optimizer did not step" in notes[C.EVENT_MESSAGE].iloc[0]
     steps = load_run(tmp_path / "run").steps.set_index(C.STEP)
     assert steps[C.FRAC_CORRECT_DISPLACED].isna().tolist() == [True, True, False, True]
+
+
+def test_zero_variance_groups_warn_once_and_only_when_llds_may_act(tmp_path: Any) -> None:
+    b = _batch()
+
+    def two_steps(monitor: LLDMonitor) -> None:
+        for step, zero in ((1, 6.0), (2, 8.0)):  # 6 of 8 groups (0.75), then 8 of 8
+            monitor.observe_rollout(b["logp_old"], b["mask"], rewards=b["rewards"])
+            monitor.observe_groups(zero, 8)
+            monitor.end_step(step=step)
+        monitor.close()
+
+    quiet = LLDMonitor(tmp_path / "off", detector=None, strict=True)  # LLDS off, no auto
+    two_steps(quiet)
+    assert "llds_check_zero_std" not in set(load_run(tmp_path / "off").events[C.EVENT_KIND])
+    auto = LLDMonitor(tmp_path / "auto", detector=None, strict=True, auto_llds=True)
+    with pytest.warns(UserWarning, match=r"75% of the prompt groups .* at step 1"):
+        two_steps(auto)
+    events = load_run(tmp_path / "auto").events
+    notes = events[events[C.EVENT_KIND] == "llds_check_zero_std"]
+    assert notes[C.EVENT_STEP].tolist() == [1]  # once, not again at step 2
+    assert notes[C.EVENT_EVIDENCE].iloc[0][C.FRAC_ZERO_STD_GROUPS] == 0.75
+    assert notes[C.EVENT_SEVERITY].tolist() == ["warning"]
+    below = LLDMonitor(tmp_path / "below", detector=None, strict=True, llds=LLDSConfig())
+    below.observe_rollout(b["logp_old"], b["mask"], rewards=b["rewards"])
+    below.observe_groups(5.0, 8)  # 0.625 < 0.75: no warning
+    below.end_step(step=1)
+    below.close()
+    assert "llds_check_zero_std" not in set(load_run(tmp_path / "below").events[C.EVENT_KIND])
