@@ -30,8 +30,15 @@ from lld_monitor.events import Alert, make_event
 
 logger = logging.getLogger("lld_monitor")
 
-#: Alert kinds on which ``auto_llds=True`` switches LLDS on (the paper's phases I and II).
-AUTO_LLDS_KINDS: tuple[str, ...] = ("stagnation", "decay")
+#: Alert kinds on which ``auto_llds=True`` switches LLDS on by default: the earliest credible
+#: signals (the paper's phases I and II, and its >50%-displaced indicator), collapse as the last
+#: resort.
+AUTO_LLDS_KINDS: tuple[str, ...] = ("stagnation", "decay", "displacement", "collapse")
+#: Alert kinds ``auto_llds_on`` accepts.
+AUTO_LLDS_ACCEPTED: tuple[str, ...] = ("stagnation", "decay", "displacement", "collapse")
+#: ``frac_zero_std_groups`` of a rollout batch at or above which the monitor warns (once) that
+#: LLDS's gate rarely fires (most groups give every response advantage 0).
+ZERO_STD_WARN = 0.75
 #: Alert kinds on which ``stop_on_collapse`` / ``checkpoint_on_collapse`` act.
 COLLAPSE_KINDS: tuple[str, ...] = ("collapse",)
 #: Lambda used by ``auto_llds`` when no ``LLDSConfig`` was given (the paper's value).
@@ -61,6 +68,7 @@ _STD_FIELDS: tuple[str, ...] = (
     "zero_std_groups",  # prompt groups whose rewards are all equal
     "n_groups",
     "n_probe",  # probe measurements (post-update forwards) folded in
+    "n_probe_still",  # probes left out: no log-prob moved (the optimizer did not step)
     "llds_on",  # rank 0's switch state (others contribute 0): keeps ranks in agreement
     "llds_lam",
     "grad_max",  # rank 0's max pre-clip grad norm over the step's updates
@@ -294,7 +302,7 @@ class LLDMonitor:
         self.correct_threshold = float(correct_threshold)
         self.sinks = list(sinks)
         self.auto_llds = bool(auto_llds)
-        known = ("stagnation", "decay", "collapse")
+        known = AUTO_LLDS_ACCEPTED
         if isinstance(auto_llds_on, str) or not set(auto_llds_on) <= set(known):
             raise ValueError(
                 f"auto_llds_on must be a sequence of alert kinds from {known} (default "
@@ -333,6 +341,7 @@ class LLDMonitor:
         self._pending_events: list[dict[str, Any]] = []
         self._token_pool: Any | None = None  # one background thread writes token samples
         self.reuse_warning: str | None = None  # set by an adapter when LLDS can never act
+        self._notes_said: set[str] = set()  # llds checks and notes said once per run
         self.last_local_sums: torch.Tensor | None = None  # strict mode: see sum_layout()
 
     # -- setup --------------------------------------------------------------------------------
@@ -752,11 +761,16 @@ class LLDMonitor:
         rows: torch.Tensor | None = None,
         tokenizer: Any | None = None,
         completion_mask: torch.Tensor | None = None,
+        stepped: bool | None = None,
     ) -> ProbeRecord:
         """Fold one post-update measurement ([B, L] tensors, ``correct`` [B]) into this step.
 
         ``mask`` marks generated tokens; ``completion_mask`` [B, L] every completion position
         (tool feedback included, padding 0; default ``mask``), for the whole-response samples.
+        A probe in which the optimizer did not step (``stepped=False`` from the adapter: learning
+        rate 0, skipped steps; or no generated token's log-prob changed at all) is no evidence of
+        displacement: it is left out of the displacement columns (NaN when it is the step's only
+        probe), and the run log says why once.
         """
         from lld_monitor.metrics import displacement_sums
 
@@ -768,9 +782,14 @@ class LLDMonitor:
             )
         _check_completion_mask(completion_mask, logp_old)
         sums = displacement_sums(logp_old, logp_new, mask, correct)
+        gen = mask.to(logp_old.device) != 0  # [B, L]
+        moved = ((logp_new != logp_old) & gen).any()  # device bool: did any log-prob change?
+        if stepped is False:
+            moved = torch.zeros_like(moved)
+        keep = moved.to(sums.dtype)
         acc = self._acc
-        acc.disp = sums if acc.disp is None else acc.disp + sums
-        acc.add("n_probe", 1.0)
+        acc.disp = sums * keep if acc.disp is None else acc.disp + sums * keep
+        acc.add_group(("n_probe", "n_probe_still"), [keep, 1 - keep])
         maskf = mask.to(logp_old.dtype)
         delta = ((logp_new - logp_old) * maskf).sum(-1)  # [B]
         record = ProbeRecord(
@@ -1088,6 +1107,18 @@ class LLDMonitor:
         if s["n_probe"] > 0:
             disp_row = stats_from_sums(disp).as_row()
             row.update({c: disp_row[c] for c in C.DISPLACEMENT_COLUMNS})
+        elif s["n_probe_still"] > 0:
+            self._note_once(
+                "no_step_probe",
+                step,
+                "displacement columns left out: the post-update probe found no generated token "
+                "whose log-prob changed (the optimizer did not step: learning rate 0 during "
+                "warm-up, or skipped steps; or the policy puts probability 1 on every sampled "
+                "token), so such rows are no evidence of displacement; said once, it applies to "
+                "every such row",
+                "info",
+                {"probes": s["n_probe_still"]},
+            )
         on = s["llds_on"] > 0.5
         row[C.LLDS_ENABLED] = int(on)
         row[C.LLDS_LAMBDA] = s["llds_lam"] if on else 0.0
@@ -1107,6 +1138,7 @@ class LLDMonitor:
                 if fn is not None:
                     with self.guard(f"sink {type(sink).__name__}.log_step"):
                         fn(row)
+        self._check_zero_std(row, step)
         self._detect(row, step)
         return row
 
@@ -1129,6 +1161,85 @@ class LLDMonitor:
                 writer.log_tokens(self.token_sample_rows(sources), step)
 
         self._token_pool.submit(write)
+
+    # -- LLDS checks ----------------------------------------------------------------------------
+
+    def _note_once(
+        self, key: str, step: int, message: str, severity: str, evidence: Mapping[str, Any]
+    ) -> bool:
+        """Record ``message`` as a lifecycle event ``key`` (rank 0), once per run; warn too if
+        ``severity`` is "warning". False when it was said before."""
+        if key in self._notes_said:
+            return False
+        self._notes_said.add(key)
+        if severity == "warning":
+            logger.warning("lld_monitor: %s", message)
+            warnings.warn(message, UserWarning, stacklevel=3)
+        else:
+            logger.info("lld_monitor: %s", message)
+        with self.guard("llds check event"):
+            self._event(make_event("lifecycle", step, key, message, severity, dict(evidence)))
+        return True
+
+    def check_llds_can_act(
+        self, *, reuse_problem: str | None = None, num_generations: int | None = None
+    ) -> list[str]:
+        """Warn (once each) when LLDS is on or may be switched on but cannot act or rarely does.
+
+        Adapters call this at attach with what they know of the trainer's settings:
+        ``reuse_problem`` (why each batch gets a single update, naming the settings; see
+        ``integrations.trl.llds_reuse_problem``) and ``num_generations`` (responses per prompt).
+        Returns the messages said now. Nothing is said while LLDS is off and ``auto_llds`` is off.
+        """
+        said: list[str] = []
+        if not (self.llds.enabled or self.auto_llds):
+            return said
+        who = (
+            "LLDS is on"
+            if self.llds.enabled
+            else f"auto_llds may switch LLDS on ({', '.join(self.auto_llds_on)} alerts)"
+        )
+        if reuse_problem:
+            msg = f"{who}, but it cannot act: {reuse_problem}"
+            if self._note_once("llds_check_reuse", self.step, msg, "warning", {}):
+                said.append(msg)
+        if num_generations is not None and int(num_generations) <= 2:
+            msg = (
+                f"{who}, but its gate rarely fires with num_generations={int(num_generations)}: "
+                "with two responses per prompt most groups have equal rewards (advantage 0, no "
+                "gradient, nothing displaced) and a mixed group has one preserving response. "
+                "Set num_generations >= 4 (the paper uses 5)."
+            )
+            if self._note_once(
+                "llds_check_generations",
+                self.step,
+                msg,
+                "warning",
+                {"num_generations": num_generations},
+            ):
+                said.append(msg)
+        return said
+
+    def _check_zero_std(self, row: Mapping[str, Any], step: int) -> None:
+        """Warn once when most prompt groups of a rollout batch have zero reward variance while
+        LLDS is on or may be switched on: few responses get a gradient, the gate rarely fires."""
+        frac = row.get(C.FRAC_ZERO_STD_GROUPS)
+        if frac is None or not (self.llds.enabled or self.auto_llds):
+            return
+        if not (isinstance(frac, int | float) and frac >= ZERO_STD_WARN):
+            return
+        who = "LLDS is on" if self.llds.enabled else "auto_llds may switch LLDS on"
+        self._note_once(
+            "llds_check_zero_std",
+            step,
+            f"{who}, but {frac:.0%} of the prompt groups of the rollout batch at step {step} have "
+            f"zero reward variance ({C.FRAC_ZERO_STD_GROUPS} >= {ZERO_STD_WARN}): their responses "
+            "get advantage 0 and no gradient, so LLDS's gate rarely fires. Use more generations "
+            "per prompt, a higher temperature, or prompts the policy solves sometimes (not "
+            "always or never); said once",
+            "warning",
+            {C.FRAC_ZERO_STD_GROUPS: float(frac)},
+        )
 
     # -- detector and actions -------------------------------------------------------------------
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -199,9 +198,11 @@ class GRPOAdapter(TrainerAdapter):
         self.monitor.reuse_warning = llds_reuse_problem(
             self.trainer.num_iterations, args.steps_per_generation, args.gradient_accumulation_steps
         )
-        if self.monitor.reuse_warning and self.monitor.llds.enabled:
-            warnings.warn(self.monitor.reuse_warning, UserWarning, stacklevel=3)
         self.monitor.start(trainer=self.trainer_name, lld_columns=True, **self.meta())
+        # LLDS on, or auto_llds: say now (not only when the switch fires) what keeps it from acting
+        self.monitor.check_llds_can_act(
+            reuse_problem=self.monitor.reuse_warning, num_generations=self.trainer.num_generations
+        )
         self._wrap("training_step", self._training_step)
         self._wrap("_get_grad_norm", self._get_grad_norm)
         self._wrap("_calculate_rewards", self._calculate_rewards)
@@ -406,6 +407,15 @@ class GRPOAdapter(TrainerAdapter):
 
     # -- probe and row ------------------------------------------------------------------------
 
+    def on_optimizer_step(self) -> None:
+        """Mark the open generation batches as stepped when this update changed the weights
+        (learning rate > 0 and not skipped by the fp16 grad scaler)."""
+        super().on_optimizer_step()
+        skipped = bool(getattr(self.trainer.accelerator, "optimizer_step_was_skipped", False))
+        if self._lr is not None and self._lr > 0 and not skipped:
+            for gen in self._gens.values():
+                gen["stepped"] = True
+
     def on_step_end(self, state: Any, control: Any) -> None:
         self.probe_records, self.probe_inputs = [], []
         with self.monitor.guard("post-update probe"):
@@ -420,10 +430,16 @@ class GRPOAdapter(TrainerAdapter):
         for gid in sorted(done):
             gen = self._gens.pop(gid)
             if self.monitor.probe_fraction > 0 and gen["micro"]:
-                self._probe(list(gen["micro"].values()))
+                self._probe(list(gen["micro"].values()), stepped=gen.get("stepped", False))
 
-    def _probe(self, micro: list[tuple[dict[str, Any], torch.Tensor]]) -> None:
-        """One no-grad forward of a probe sample of a generation batch under the updated policy."""
+    def _probe(
+        self, micro: list[tuple[dict[str, Any], torch.Tensor]], stepped: bool | None = None
+    ) -> None:
+        """One no-grad forward of a probe sample of a generation batch under the updated policy.
+
+        ``stepped=False``: no update on this batch changed the weights (learning rate 0, skipped
+        steps); the monitor then leaves the probe out of the displacement columns.
+        """
         first = micro[0][0]
         if any(first.get(k) is not None for k in _MULTIMODAL_KEYS):
             if "multimodal" not in self._warned:
@@ -483,6 +499,7 @@ class GRPOAdapter(TrainerAdapter):
             rows=rows,
             tokenizer=tok,
             completion_mask=completion_mask[rows],  # tool feedback in, padding out
+            stepped=stepped,
         )
         self.probe_records.append(rec)
         self.probe_inputs.append((input_ids, attention))
