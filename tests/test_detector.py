@@ -240,9 +240,9 @@ def test_rows_with_nothing_but_a_step_and_duplicates():
 
 
 def test_hyperparameters_stored_under_their_names_and_validated():
-    det = PhaseDetector(window_steps=60, persist_steps=20)
-    assert det.window_steps == 60 and det.persist_steps == 20
-    assert det.config == DetectorConfig(window_steps=60, persist_steps=20)
+    det = PhaseDetector(window_steps=60, trend_persist=5)
+    assert det.window_steps == 60 and det.trend_persist == 5
+    assert det.config == DetectorConfig(window_steps=60, trend_persist=5)
     with pytest.raises(ValueError, match="unknown PhaseDetector hyperparameter"):
         PhaseDetector(windw=3)
     with pytest.raises(ValueError, match="positive"):

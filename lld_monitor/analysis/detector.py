@@ -56,11 +56,10 @@ class DetectorConfig:
 
     warmup_steps: int = 20  # no alert before this many steps after the first row
     warmup_rows: int = 5  # ... nor before this many rows
-    window_steps: int = 40  # trend window (stagnation, decay)
+    window_steps: int = 40  # window of the collapse's slope check and reward-rise test
     min_window_rows: int = 8  # a trend window keeps at least this many rows (sparse logs)
     short_steps: int = 10  # window of a sharp drop (collapse)
     min_short_rows: int = 3
-    persist_steps: int = 15  # stagnation / decay must hold this long before firing
     trend_base_steps: float = 3.0  # bin width of the finest trend level (steps)
     trend_bins: int = 10  # bins per trend window: level j spans trend_bins * base * 2**j steps
     trend_levels: int = 9  # levels: windows of 30, 60, ... 7680 steps with the defaults
@@ -379,6 +378,7 @@ class PhaseDetector:
         self._trend_rank = 0
         self._trend_level = -1  # the level behind the current trend rank
         self._recover = float(cfg.recover_steps)  # steps without support before leaving a phase
+        self._rw_decline: TrendFit | None = None  # the reward_decline trend, when there is one
         self._ema = [_NAN] * len(_EMA_NAMES)
         self._last = {k: _NAN for k in ("rw", "fd", "dc", "g", "h", "kl", "len")}
         self._alpha: dict[float, tuple[float, float, float]] = {}  # dt -> weights (a cache)
@@ -540,6 +540,7 @@ class PhaseDetector:
         self._since2 = [float(v) for v in state["since2"]]
         self._conf = [int(v) for v in state["conf"]]
         self._recover = float(state["recover"])
+        self._rw_decline = self._reward_decline()
         self._trend_rank, self._trend_level = self._confirmed_trend()
 
     # --- the work -----------------------------------------------------------------------------
@@ -605,7 +606,8 @@ class PhaseDetector:
             seen.add(C.REWARD_MEAN)
             if rw != self._rw_ms._last_value:  # a rollout batch's repeat is not new data
                 self._rw_win.push(step, rw)
-            self._rw_ms.push(step, rw)
+            if any(j >= 2 for j in self._rw_ms.push(step, rw)):
+                self._rw_decline = self._reward_decline()  # re-tested as its bins close
             last = L["rw"]
             if last != last:
                 E[_RW_F] = rw
@@ -1068,7 +1070,7 @@ class PhaseDetector:
             (zstd >= cfg.dead_zero_std) or (rstd <= cfg.dead_reward_std),
             he > 0.0 and hf <= cfg.entropy_floor_frac * he,
             le > 0.0 and lf >= cfg.length_blowup_ratio * le,
-            self._phase != "collapse" and self._reward_decline() is not None,
+            self._phase != "collapse" and self._rw_decline is not None,
             self._ema[_KL_F] >= cfg.kl_blowup_ratio * kl_ref,
         )
         since, fired, need = self._since, self._fired, cfg.failure_persist_steps
@@ -1128,7 +1130,7 @@ class PhaseDetector:
             msg = f"completion length {_fmt(lf)} is x{lf / le:.1f} its early level {_fmt(le)}"
             ev = {"completion_length": _enc(lf), "completion_length_early": _enc(le)}
         elif kind == "reward_decline":
-            r = self._reward_decline()
+            r = self._rw_decline
             r0, r1, t, span = (r.first, r.last, r.t, r.span) if r else (_NAN,) * 4
             msg = (
                 f"reward declining: {_fmt(r0)} -> {_fmt(r1)} ({_fmt(100 * (r1 - r0) / abs(r0))}%) "

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 _NAN = float("nan")
 _RHO_MEMORY = 0.005  # EMA weight of the noise-autocorrelation estimate (~200 observations)
+_NONE_CLOSED: list[int] = []  # shared, never mutated: no level closed
 _SLOPE_MEMORY = 0.2  # EMA weight of the local slope removed from the differences
 
 
@@ -109,6 +110,7 @@ class MultiScaleTrend:
         self._d2 = 0.0  # EMA of d_i^2
         self._n_obs = 0
         self._cache: dict[int, TrendFit | None] = {}  # level -> fit of its current bins
+        self._short: dict[int, float] = {}  # level -> need_t its current bins fell short of
 
     def window_steps(self, level: int) -> float:
         """Nominal window of ``level`` in steps."""
@@ -118,7 +120,7 @@ class MultiScaleTrend:
         """Add one observation; a value equal to the previous one (a rollout batch's value on
         each of its rows) is dropped. Returns the levels whose bins closed (ascending)."""
         if value == self._last_value or value != value:
-            return []
+            return _NONE_CLOSED
         last = self._last_value
         if last == last:
             # d centred on a short causal mean of d: a trend's slope (and its slow changes)
@@ -139,6 +141,12 @@ class MultiScaleTrend:
         if self._origin != self._origin:
             self._origin = step
         idx = float(math.floor((step - self._origin) / self.base_steps))
+        op = self._open[0]
+        if op[0] == idx:  # the common case: the finest open bin takes it, nothing closes
+            op[1] += 1.0
+            op[2] += step
+            op[3] += value
+            return _NONE_CLOSED
         closed: list[int] = []
         self._add(0, idx, 1.0, step, value, closed)
         return closed
@@ -150,6 +158,7 @@ class MultiScaleTrend:
                 # close the open bin: its mean goes into this level's window and up a level
                 self._closed[level].append((op[2] / op[1], op[3] / op[1], op[1]))
                 self._cache.pop(level, None)
+                self._short.pop(level, None)
                 closed.append(level)
                 if level + 1 < self.levels:
                     self._add(level + 1, float(int(op[0]) // 2), op[1], op[2], op[3], closed)
@@ -166,11 +175,17 @@ class MultiScaleTrend:
         checked first and None may be returned below it. Fits are cached until the level's
         next bin closes.
         """
-        if min_bins == 6 and level in self._cache:
-            return self._cache[level]
+        if min_bins == 6:
+            if level in self._cache:
+                return self._cache[level]
+            if need_t > 0.0 and need_t >= self._short.get(level, math.inf):
+                return None  # this window already failed a shortcut at least as loose
         f = self._fit(level, min_bins, need_t)
-        if min_bins == 6 and not (f is None and need_t > 0.0):  # a shortcut None is not cached
-            self._cache[level] = f
+        if min_bins == 6:
+            if f is None and need_t > 0.0:
+                self._short[level] = need_t
+            else:
+                self._cache[level] = f
         return f
 
     def _fit(self, level: int, min_bins: int, need_t: float) -> TrendFit | None:
@@ -267,9 +282,13 @@ class MultiScaleTrend:
         """Mean of the last ``k`` bins minus mean of the first ``k``: a cheap pre-check of a
         move (NaN with fewer than ``2 * k`` bins)."""
         bins = self._closed[level]
-        m = len(bins)
-        if m < 2 * k:
+        if len(bins) < 2 * k:
             return _NAN
+        if k == 3:
+            return (
+                bins[-1][1] + bins[-2][1] + bins[-3][1] - bins[0][1] - bins[1][1] - bins[2][1]
+            ) / 3
+        m = len(bins)
         return (sum(bins[i][1] for i in range(m - k, m)) - sum(bins[i][1] for i in range(k))) / k
 
     def late_slope(self, level: int) -> float:
