@@ -28,6 +28,9 @@ $(VERL_STAMP): pyproject.toml
 	$(VERL_PY) -m pip install -q --upgrade pip
 	$(VERL_PY) -m pip install -q $(TORCH_SPEC)
 	$(VERL_PY) -m pip install -q -e '.[test,verl]' fastapi
+	# verl's v1 trainer (main_ppo's default) imports these without declaring them; the live
+	# monitor's trainer subclass (lld_monitor.integrations.verl_trainer) needs them to import
+	$(VERL_PY) -m pip install -q TransferQueue==0.1.11 cachetools
 	touch $(VERL_STAMP)
 
 verl-venv: $(VERL_STAMP)

@@ -11,14 +11,16 @@ from collections.abc import Sequence
 
 from lld_monitor.events import Alert
 
-#: Alert kinds on which ``auto_llds=True`` switches LLDS on (the paper's phases I and II).
-AUTO_LLDS_KINDS: tuple[str, ...] = ("stagnation", "decay")
+#: Alert kinds on which ``auto_llds=True`` switches LLDS on by default: the earliest credible
+#: signals (the paper's phases I and II, and its >50%-displaced indicator), collapse as the last
+#: resort.
+AUTO_LLDS_KINDS: tuple[str, ...] = ("stagnation", "decay", "displacement", "collapse")
+#: Alert kinds ``auto_llds_on`` accepts.
+AUTO_LLDS_ACCEPTED: tuple[str, ...] = ("stagnation", "decay", "displacement", "collapse")
 #: Alert kinds on which ``stop_on_collapse`` / ``checkpoint_on_collapse`` act.
 COLLAPSE_KINDS: tuple[str, ...] = ("collapse",)
 #: Lambda used by ``auto_llds`` when no ``LLDSConfig`` was given (the paper's value).
 AUTO_LLDS_LAMBDA = 0.2
-#: Alert kinds ``auto_llds_on`` may name.
-LLD_KINDS: tuple[str, ...] = ("stagnation", "decay", "collapse")
 
 #: Action names (also the ``kind`` of their intervention events).
 LLDS_ENABLE, STOP, CHECKPOINT = "llds_enable", "stop", "checkpoint"
@@ -34,9 +36,10 @@ class ActionPolicy:
         stop_on_collapse: bool = False,
         checkpoint_on_collapse: bool = False,
     ) -> None:
-        if isinstance(auto_llds_on, str) or not set(auto_llds_on) <= set(LLD_KINDS):
+        known = AUTO_LLDS_ACCEPTED
+        if isinstance(auto_llds_on, str) or not set(auto_llds_on) <= set(known):
             raise ValueError(
-                f"auto_llds_on must be a sequence of alert kinds from {LLD_KINDS} (default "
+                f"auto_llds_on must be a sequence of alert kinds from {known} (default "
                 f"{AUTO_LLDS_KINDS}), got {auto_llds_on!r}"
             )
         self.auto_llds = bool(auto_llds)

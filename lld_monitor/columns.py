@@ -37,7 +37,8 @@ DELTA_CORRECT = "delta_correct"  # mean over correct responses of summed change
 DELTA_INCORRECT = "delta_incorrect"  # mean over incorrect responses of summed change
 DELTA_CORRECT_PER_TOKEN = "delta_correct_per_token"  # mean over correct of per-token mean change
 DELTA_INCORRECT_PER_TOKEN = "delta_incorrect_per_token"
-# share of correct responses whose summed change is <= 0 (the paper's >50% indicator)
+# share of correct responses whose summed change is < 0, strictly (the paper's >50% indicator);
+# a response whose likelihood did not move is not displaced
 FRAC_CORRECT_DISPLACED = "frac_correct_displaced"
 # share of the generated tokens of correct responses whose change is < 0
 FRAC_TOKENS_DISPLACED = "frac_tokens_displaced"
@@ -100,6 +101,12 @@ STEP_COLUMNS: tuple[str, ...] = (
     *DISPLACEMENT_COLUMNS,
     *LLDS_COLUMNS,
 )
+
+# Comma-separated names of the row's columns whose logged value was non-finite (NaN, +-inf).
+# The run log stores such values as null and names them here; importers name literal nan/inf
+# cells. A row that carries this key (even empty) says which of its missing values were
+# non-finite: a blank CSV cell is a missing value, not a NaN. Not a step column.
+NONFINITE = "nonfinite"
 
 # --- event log fields -----------------------------------------------------------------------
 EVENT_TYPE = "type"  # one of EVENT_TYPES

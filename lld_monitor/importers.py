@@ -12,6 +12,7 @@ import csv
 import io
 import itertools
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -76,6 +77,24 @@ FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
     C.FRAC_ZERO_STD_GROUPS: ("frac_reward_zero_std",),
     # the paper authors' verl fork (Search-R1 + LLDS): the lambda in force
     C.LLDS_LAMBDA: ("actor/loss_noreduce_coef",),
+    # ... and its sampling-policy confidence (AUTHORS_VERL_NAMES: what these mean)
+    C.LOGP_CORRECT: ("actor/pos_avg_old_log_prob",),
+    C.LOGP_INCORRECT: ("actor/neg_avg_old_log_prob",),
+}
+
+#: The paper authors' verl fork (``dp_actor.py``): metric -> what it is and how it is imported.
+#: ``pos/neg_avg_old_log_prob`` are ``masked_mean(old_log_prob * (A > 0 | A < 0), response_mask)``:
+#: the group's log-prob sum over ALL response tokens of the batch, so the level is the per-token
+#: mean times the group's share of tokens; the trend carries over (the detector reads trends).
+#: Our own ``actor/lld/logp_*`` win when both are logged. The others have no canonical column.
+AUTHORS_VERL_NAMES: dict[str, str] = {
+    "actor/pos_avg_old_log_prob": C.LOGP_CORRECT + " (level scaled by the A>0 token share)",
+    "actor/neg_avg_old_log_prob": C.LOGP_INCORRECT + " (level scaled by the A<0 token share)",
+    "actor/pos_avg_ref_log_prob": "not imported (reference policy, not the sampling policy)",
+    "actor/neg_avg_ref_log_prob": "not imported (reference policy, not the sampling policy)",
+    "actor/lowest_prob_avg_mean": "not imported (no canonical column)",
+    "actor/lowest_prob_avg_min": "not imported (no canonical column)",
+    "actor/loss_noreduce_coef": C.LLDS_LAMBDA,
 }
 
 _NON_TRAINING = frozenset({C.STEP, C.TIME, C.LEARNING_RATE})
@@ -190,6 +209,7 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             unmapped.append(str(source))
     fn_cols = sorted(c for c in by_col if c.startswith(C.REWARD_FN_PREFIX))
     out = pd.DataFrame(index=frame.index)
+    marks: pd.Series | None = pd.Series("", index=frame.index, dtype=object)
     for col in (*C.STEP_COLUMNS, *fn_cols):
         sources = [s for _, s in sorted(by_col.get(col, []), key=lambda t: t[0])]
         if not sources:
@@ -198,9 +218,14 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         for s in sources[1:]:
             series = series.fillna(_numeric(frame[s]))
         out[col] = series
+        if col in _NONFINITE_CHECKED:
+            lit = _literal_nonfinite(frame[sources[0]])
+            marks = marks.where(~lit, marks + "," + col) if marks is not None else None
     if C.STEP not in out.columns:
         out.insert(0, C.STEP, np.arange(1, len(out) + 1, dtype=float))
-    training = [c for c in out.columns if c not in _NON_TRAINING]
+    # which missing values were literal nan/inf (the rest are blank cells: missing)
+    out[C.NONFINITE] = marks.str.strip(",").replace("", None) if marks is not None else None
+    training = [c for c in out.columns if c not in _NON_TRAINING and c != C.NONFINITE]
     if not training:
         return pd.DataFrame(columns=[C.STEP]), unmapped
     out = out[out[training].notna().any(axis=1) & out[C.STEP].notna()]
@@ -209,7 +234,8 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     out = out.groupby(C.STEP, sort=True, as_index=False).last()
     out[C.STEP] = out[C.STEP].astype("int64")
     out = out.reset_index(drop=True)
-    out = out[[c for c in (*C.STEP_COLUMNS, *fn_cols) if c in out.columns]]
+    out[C.NONFINITE] = out[C.NONFINITE].fillna("")
+    out = out[[c for c in (*C.STEP_COLUMNS, *fn_cols, C.NONFINITE) if c in out.columns]]
     return out, unmapped
 
 
@@ -411,7 +437,9 @@ def _sniff_csv(text: str) -> pd.DataFrame | None:
         return None
     sep = "\t" if first.count("\t") > first.count(",") else ","
     try:
-        return pd.read_csv(io.StringIO(text), sep=sep)
+        # only an empty cell is missing: a literal nan/inf stays text until canonicalize
+        # names it non-finite (C.NONFINITE)
+        return pd.read_csv(io.StringIO(text), sep=sep, keep_default_na=False, na_values=[""])
     except (ValueError, csv.Error):
         return None
 
@@ -609,8 +637,34 @@ def _unwrap_number(value: str) -> str:
 # --- helpers ------------------------------------------------------------------------------------
 
 
+_NONFINITE_CHECKED = frozenset({C.LOSS, C.GRAD_NORM})
+_NONFINITE_TEXT = frozenset({"nan", "-nan", "inf", "+inf", "-inf", "infinity", "-infinity"})
+
+
+def _literal_nonfinite(series: pd.Series) -> pd.Series:
+    """True where a raw cell is a literal non-finite value ('nan', 'inf', a float inf, or a
+    NaN that a JSON record carried as a value: ``_frame`` keeps those as 'nan'); a blank cell
+    or an absent key is not."""
+    if series.dtype == object or pd.api.types.is_string_dtype(series):
+
+        def lit(v: Any) -> bool:
+            if isinstance(v, str):
+                return v.strip().lower() in _NONFINITE_TEXT
+            return isinstance(v, float) and math.isinf(v)  # a float NaN here is a blank cell
+
+        return series.map(lit).astype(bool)
+    if pd.api.types.is_float_dtype(series):
+        return pd.Series(np.isinf(series.to_numpy()), index=series.index)
+    return pd.Series(False, index=series.index)
+
+
 def _frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    rows = [dict(r) for r in records if isinstance(r, Mapping)]
+    # a NaN a record carries as a value was logged (an absent key is missing): keep it as text
+    rows = [
+        {k: ("nan" if isinstance(v, float) and v != v else v) for k, v in r.items()}
+        for r in records
+        if isinstance(r, Mapping)
+    ]
     return pd.DataFrame.from_records(rows) if rows else pd.DataFrame()
 
 

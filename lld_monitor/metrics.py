@@ -57,7 +57,7 @@ SUM_FIELDS: tuple[str, ...] = (
     "delta_incorrect_sum",
     "delta_correct_per_token_sum",  # sum over correct responses of the per-token mean change
     "delta_incorrect_per_token_sum",
-    "n_correct_displaced",  # correct responses with summed change <= 0
+    "n_correct_displaced",  # correct responses with summed change < 0 (strictly)
     "n_correct_tokens_displaced",  # generated tokens of correct responses with change < 0
     "n_correct_tokens",  # generated tokens of correct responses
     "delta_first_action_sum",  # sum over correct responses of the first action's summed change
@@ -75,6 +75,9 @@ class LLDStats:
     Fields are 0-dim tensors on the input's device (no host sync); :meth:`as_row` converts them.
     Empty groups give NaN; displacement fields are NaN when no ``logp_new`` was measured.
     ``n_correct`` / ``n_incorrect`` count the responses whose displacement was measured.
+    Displaced means strictly lowered: ``frac_correct_displaced`` counts correct responses whose
+    summed change is < 0 and ``frac_tokens_displaced`` their tokens whose change is < 0, so an
+    update that moved nothing (learning rate 0, a skipped step) reports 0, not 1.
     """
 
     logp_correct: torch.Tensor
@@ -397,7 +400,7 @@ def displacement_sums(
                 "delta_incorrect_sum": rsum(inc, d_sum),
                 "delta_correct_per_token_sum": rsum(c, pt),
                 "delta_incorrect_per_token_sum": rsum(inc, pt),
-                "n_correct_displaced": (c & (d_sum <= 0)).sum().to(acc),
+                "n_correct_displaced": (c & (d_sum < 0)).sum().to(acc),
                 "n_correct_tokens_displaced": rsum(c, n_neg),
                 "n_correct_tokens": rsum(c, n_tok),
                 "delta_first_action_sum": rsum(c_first, d_first),
@@ -461,6 +464,9 @@ def likelihood_displacement(
 
     ``logp_old``/``logp_new``/``mask`` [B, L]; ``rewards`` or ``advantages`` [B]. Correct =
     ``reward >= correct_threshold``, or ``advantage > 0`` when no rewards are given.
+
+    A response is displaced when its summed change is strictly below zero (an unchanged one is
+    not).
 
     Readings of the column definitions: ``logp_first_action`` / ``logp_later_actions`` average,
     over the responses that have them, the per-token mean ``logp_old`` of the first action / of

@@ -24,6 +24,7 @@ import torch
 from lld_monitor import columns as C
 from lld_monitor import distributed
 from lld_monitor.actions import (  # noqa: F401  (re-exported: the former home)
+    AUTO_LLDS_ACCEPTED,
     AUTO_LLDS_KINDS,
     AUTO_LLDS_LAMBDA,
     COLLAPSE_KINDS,
@@ -44,6 +45,10 @@ from lld_monitor.token_sampling import (  # noqa: F401  (re-exported: the former
 )
 
 logger = logging.getLogger("lld_monitor")
+
+#: ``frac_zero_std_groups`` of a rollout batch at or above which the monitor warns (once) that
+#: LLDS's gate rarely fires (most groups give every response advantage 0).
+ZERO_STD_WARN = 0.75
 
 
 def _check_completion_mask(completion_mask: torch.Tensor | None, ref: torch.Tensor) -> None:
@@ -148,6 +153,7 @@ class LLDMonitor:
         self._phase: str | None = None
         self._lock = threading.RLock()
         self.reuse_warning: str | None = None  # set by an adapter when LLDS can never act
+        self._notes_said: set[str] = set()  # llds checks and notes said once per run
         self.last_local_sums: torch.Tensor | None = None  # strict mode: see sum_layout()
 
     # -- setup --------------------------------------------------------------------------------
@@ -519,11 +525,16 @@ class LLDMonitor:
         rows: torch.Tensor | None = None,
         tokenizer: Any | None = None,
         completion_mask: torch.Tensor | None = None,
+        stepped: bool | None = None,
     ) -> ProbeRecord:
         """Fold one post-update measurement ([B, L] tensors, ``correct`` [B]) into this step.
 
         ``mask`` marks generated tokens; ``completion_mask`` [B, L] every completion position
         (tool feedback included, padding 0; default ``mask``), for the whole-response samples.
+        A probe in which the optimizer did not step (``stepped=False`` from the adapter: learning
+        rate 0, skipped steps; or no generated token's log-prob changed at all) is no evidence of
+        displacement: it is left out of the displacement columns (NaN when it is the step's only
+        probe), and the run log says why once.
         """
         from lld_monitor.metrics import displacement_sums
 
@@ -538,7 +549,12 @@ class LLDMonitor:
         if rewards is not None:  # unscored responses are in neither likelihood group
             finite = torch.isfinite(rewards.reshape(-1).to(mask.device))  # [B]
             scored_mask = mask * finite[:, None].to(mask.dtype)
-        self._acc.add_probe(displacement_sums(logp_old, logp_new, scored_mask, correct))
+        sums = displacement_sums(logp_old, logp_new, scored_mask, correct)
+        gen = mask.to(logp_old.device) != 0  # [B, L]
+        moved = ((logp_new != logp_old) & gen).any()  # device bool: did any log-prob change?
+        if stepped is False:
+            moved = torch.zeros_like(moved)
+        self._acc.add_probe(sums, moved)
         maskf = mask.to(logp_old.dtype)
         delta = ((logp_new - logp_old) * maskf).sum(-1)  # [B]
         record = ProbeRecord(
@@ -671,6 +687,19 @@ class LLDMonitor:
     def _write_row(self, step: int, host: list[float], extra: Mapping[str, Any]) -> dict[str, Any]:
         row: dict[str, Any] = {C.STEP: step, C.TIME: time.time()}
         row.update(row_from_sums(host, self.reward_fn_names))
+        i_probe, i_still = FIELD_NAMES.index("n_probe"), FIELD_NAMES.index("n_probe_still")
+        if host[i_probe] == 0 and host[i_still] > 0:
+            self._note_once(
+                "no_step_probe",
+                step,
+                "displacement columns left out: the post-update probe found no generated token "
+                "whose log-prob changed (the optimizer did not step: learning rate 0 during "
+                "warm-up, or skipped steps; or the policy puts probability 1 on every sampled "
+                "token), so such rows are no evidence of displacement; said once, it applies to "
+                "every such row",
+                "info",
+                {"probes": host[i_still]},
+            )
         row.update(extra)
         self._check_threshold_reached(row, host[FIELD_NAMES.index("rule_reward_max")])
 
@@ -679,6 +708,7 @@ class LLDMonitor:
             self.dispatch.row(row)
             self.rows_written += 1
             self.tokens.write(self.writer, step)
+        self._check_zero_std(row, step)
         self._detect(row, step)
         return row
 
@@ -699,6 +729,85 @@ class LLDMonitor:
                 "warning",
                 {"rule_reward_max": self.threshold_watch.rule_max},
             )
+        )
+
+    # -- LLDS checks ----------------------------------------------------------------------------
+
+    def _note_once(
+        self, key: str, step: int, message: str, severity: str, evidence: Mapping[str, Any]
+    ) -> bool:
+        """Record ``message`` as a lifecycle event ``key`` (rank 0), once per run; warn too if
+        ``severity`` is "warning". False when it was said before."""
+        if key in self._notes_said:
+            return False
+        self._notes_said.add(key)
+        if severity == "warning":
+            logger.warning("lld_monitor: %s", message)
+            warnings.warn(message, UserWarning, stacklevel=3)
+        else:
+            logger.info("lld_monitor: %s", message)
+        with self.guard("llds check event"):
+            self._event(make_event("lifecycle", step, key, message, severity, dict(evidence)))
+        return True
+
+    def check_llds_can_act(
+        self, *, reuse_problem: str | None = None, num_generations: int | None = None
+    ) -> list[str]:
+        """Warn (once each) when LLDS is on or may be switched on but cannot act or rarely does.
+
+        Adapters call this at attach with what they know of the trainer's settings:
+        ``reuse_problem`` (why each batch gets a single update, naming the settings; see
+        ``integrations.trl.llds_reuse_problem``) and ``num_generations`` (responses per prompt).
+        Returns the messages said now. Nothing is said while LLDS is off and ``auto_llds`` is off.
+        """
+        said: list[str] = []
+        if not (self.llds.enabled or self.auto_llds):
+            return said
+        who = (
+            "LLDS is on"
+            if self.llds.enabled
+            else f"auto_llds may switch LLDS on ({', '.join(self.auto_llds_on)} alerts)"
+        )
+        if reuse_problem:
+            msg = f"{who}, but it cannot act: {reuse_problem}"
+            if self._note_once("llds_check_reuse", self.step, msg, "warning", {}):
+                said.append(msg)
+        if num_generations is not None and int(num_generations) <= 2:
+            msg = (
+                f"{who}, but its gate rarely fires with num_generations={int(num_generations)}: "
+                "with two responses per prompt most groups have equal rewards (advantage 0, no "
+                "gradient, nothing displaced) and a mixed group has one preserving response. "
+                "Set num_generations >= 4 (the paper uses 5)."
+            )
+            if self._note_once(
+                "llds_check_generations",
+                self.step,
+                msg,
+                "warning",
+                {"num_generations": num_generations},
+            ):
+                said.append(msg)
+        return said
+
+    def _check_zero_std(self, row: Mapping[str, Any], step: int) -> None:
+        """Warn once when most prompt groups of a rollout batch have zero reward variance while
+        LLDS is on or may be switched on: few responses get a gradient, the gate rarely fires."""
+        frac = row.get(C.FRAC_ZERO_STD_GROUPS)
+        if frac is None or not (self.llds.enabled or self.auto_llds):
+            return
+        if not (isinstance(frac, int | float) and frac >= ZERO_STD_WARN):
+            return
+        who = "LLDS is on" if self.llds.enabled else "auto_llds may switch LLDS on"
+        self._note_once(
+            "llds_check_zero_std",
+            step,
+            f"{who}, but {frac:.0%} of the prompt groups of the rollout batch at step {step} have "
+            f"zero reward variance ({C.FRAC_ZERO_STD_GROUPS} >= {ZERO_STD_WARN}): their responses "
+            "get advantage 0 and no gradient, so LLDS's gate rarely fires. Use more generations "
+            "per prompt, a higher temperature, or prompts the policy solves sometimes (not "
+            "always or never); said once",
+            "warning",
+            {C.FRAC_ZERO_STD_GROUPS: float(frac)},
         )
 
     # -- detector and actions -------------------------------------------------------------------

@@ -115,14 +115,24 @@ def _plain(value: Any, where: str, *, lenient: bool = False) -> Any:
 def _plain_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """A step row as plain JSON values; the common types take a fast path."""
     out: dict[str, Any] = {}
+    bad: list[str] = []  # non-finite values, stored as null and named in C.NONFINITE
     for key, value in row.items():
         kind = type(value)
         if kind is float:
-            out[str(key)] = value if math.isfinite(value) else None
+            if math.isfinite(value):
+                out[str(key)] = value
+            else:
+                out[str(key)] = None
+                bad.append(str(key))
         elif kind is int or kind is str or value is None:
             out[str(key)] = value
         else:
-            out[str(key)] = _plain(value, str(key))
+            v = _plain(value, str(key))
+            if v is None:
+                bad.append(str(key))
+            out[str(key)] = v
+    if bad and C.NONFINITE not in out:
+        out[C.NONFINITE] = ",".join(bad)
     return out
 
 

@@ -54,6 +54,7 @@ FIELDS: tuple[Field, ...] = (
     Field("zero_std_groups", SUM, "prompt groups whose scored rewards are all equal"),
     Field("n_groups", SUM),
     Field("n_probe", SUM, "probe measurements (post-update forwards) folded in"),
+    Field("n_probe_still", SUM, "probes left out: no log-prob moved (the optimizer did not step)"),
     Field("n_failed", SUM, "ranks whose part of the step failed (they send zeros)"),
     Field("llds_on", RANK0, "the switch state: keeps ranks in agreement"),
     Field("llds_lam", RANK0),
@@ -175,10 +176,16 @@ class StepMetrics:
         sums = displacement_sums(logp_old, None, scored_mask, correct)
         self.conf = sums if self.conf is None else self.conf + sums
 
-    def add_probe(self, sums: torch.Tensor) -> None:
-        """Fold one post-update measurement's ``displacement_sums`` [K] in."""
+    def add_probe(self, sums: torch.Tensor, moved: torch.Tensor | bool = True) -> None:
+        """Fold one post-update measurement's ``displacement_sums`` [K] in.
+
+        ``moved`` (a device bool: did any log-prob change?) False leaves the measurement out of
+        the displacement sums and counts it in ``n_probe_still`` instead (no device sync).
+        """
+        keep = torch.as_tensor(moved, device=sums.device).to(sums.dtype)
+        sums = sums * keep
         self.disp = sums if self.disp is None else self.disp + sums
-        self.add("n_probe", 1.0)
+        self.add_group(("n_probe", "n_probe_still"), [keep, 1 - keep])
 
     def add_update(
         self, grad_norm: torch.Tensor | float | None, loss: torch.Tensor | float | None

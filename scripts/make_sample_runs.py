@@ -3,6 +3,8 @@ clearly labelled SIMULATED runs following the paper's Qwen2.5-3B-Instruct timeli
 
     python scripts/make_sample_runs.py                 # everything (about 10 min on 2 CPU cores)
     python scripts/make_sample_runs.py --table-only    # rebuild the README table from the runs
+    python scripts/make_sample_runs.py --auto-check    # automatic LLDS vs off, 2 presets x 3 seeds
+                                                       # (sample_runs/auto/, about 8 min)
 
 Each real run folder holds the monitor's run log plus ``toy_summary.json``; ``manifest.json``
 records, per run, the exact command, seed, versions and wall time. The table in
@@ -19,6 +21,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -32,6 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MARK_START, MARK_END = "<!-- table:start -->", "<!-- table:end -->"
 SPIRAL_START, SPIRAL_END = "<!-- spiral:start -->", "<!-- spiral:end -->"
 PROV_START, PROV_END = "<!-- provenance:start -->", "<!-- provenance:end -->"
+AUTO_START, AUTO_END = "<!-- auto:start -->", "<!-- auto:end -->"
+#: The automatic-LLDS check of issue 10: preset -> GRPO updates (the demo's defaults otherwise).
+AUTO_PRESETS = {"s1-small-32upd-lr3e-3": 400, "default": 400}
 #: The paper's Qwen2.5-3B-Instruct timeline (PAPER.md): stagnation to ~60, decay to ~120,
 #: collapse by ~200. The simulated runs use it; they are generated, never trained.
 SIM_TIMELINE = {"stagnation_end": 60, "collapse_start": 120, "collapse_step": 190}
@@ -208,6 +214,144 @@ def make_spiral_runs(
     return entries
 
 
+def make_auto_runs(
+    out: Path, seeds: list[int], presets: list[str], progress: bool
+) -> list[dict[str, Any]]:
+    """``lld-monitor demo --preset P --steps N --llds off|auto --seed S`` with the shipped
+    defaults (triggers, lambda), run by the same code path, token samples off to stay small."""
+    from lld_monitor.monitor import AUTO_LLDS_KINDS
+    from lld_monitor.toy.train import monitored_run, preset_configs
+
+    entries = []
+    for preset in presets:
+        steps = AUTO_PRESETS[preset]
+        for seed in seeds:
+            cfg = preset_configs(steps, seed)[preset]
+            for mode in ("off", "auto"):
+                name = f"{preset}-seed{seed}-{mode}"
+                run_dir = out / "auto" / name
+                if run_dir.exists():
+                    raise SystemExit(f"{run_dir} exists; delete sample_runs/auto first")
+                demo = (
+                    f"lld-monitor demo --preset {preset} --steps {steps} --llds {mode} "
+                    f"--seed {seed}"
+                )
+                cmd = (
+                    f"python scripts/make_sample_runs.py --auto-check --auto-presets {preset} "
+                    f"--seeds {seed}"
+                )
+                t1 = time.time()
+                res = monitored_run(
+                    cfg,
+                    run_dir,
+                    llds=mode,
+                    progress=progress,
+                    token_samples_per_step=0,
+                    meta={"command": cmd, "demo_command": demo, "auto_check": name},
+                )
+                # token samples are not needed for this table: dropped to keep the folder small
+                shutil.rmtree(run_dir / "tokens", ignore_errors=True)
+                entries.append(
+                    {
+                        "name": name,
+                        "path": f"auto/{name}",
+                        "simulated": False,
+                        "preset": preset,
+                        "llds_mode": mode,
+                        "seed": seed,
+                        "steps": steps,
+                        "auto_llds_on": list(AUTO_LLDS_KINDS) if mode == "auto" else [],
+                        "command": cmd,
+                        "demo_command": demo,
+                        "warm_start_seconds": round(res["sft_seconds"], 1),
+                        "grpo_seconds": round(time.time() - t1 - res["sft_seconds"], 1),
+                        "start_eval": res["start_eval"],
+                        "final_eval": res["final_eval"],
+                    }
+                )
+                print(f"{name}: final {res['final_eval']}", flush=True)
+    return entries
+
+
+def _first_alerts(run_dir: Path) -> dict[str, int]:
+    """Step of the first online alert of each kind (from the run's event log)."""
+    from lld_monitor import columns as C
+    from lld_monitor.runlog import load_run
+
+    ev = load_run(run_dir).events
+    first: dict[str, int] = {}
+    if ev.empty:
+        return first
+    for _, e in ev[ev[C.EVENT_TYPE] == "alert"].iterrows():
+        first.setdefault(str(e[C.EVENT_KIND]), int(e[C.EVENT_STEP]))
+    return first
+
+
+def _llds_switch(run_dir: Path) -> tuple[int, str] | None:
+    """(step, alert kind) at which automatic LLDS switched on, None when it did not."""
+    from lld_monitor import columns as C
+    from lld_monitor.runlog import load_run
+
+    ev = load_run(run_dir).events
+    if ev.empty:
+        return None
+    on = ev[(ev[C.EVENT_TYPE] == "intervention") & (ev[C.EVENT_KIND] == "llds_enable")]
+    if on.empty:
+        return None
+    reason = str(on[C.EVENT_EVIDENCE].iloc[0].get("reason", ""))
+    kind = reason.split(" on a ")[-1].split(" alert")[0] if " on a " in reason else reason
+    return int(on[C.EVENT_STEP].iloc[0]), kind
+
+
+def auto_rows(out: Path, entries: list[dict[str, Any]]) -> list[str]:
+    """Per preset and seed: off vs auto final accuracy, when and on which alert LLDS switched on,
+    and the first online alert of each kind in both runs; then the target verdict."""
+    by = {(e["preset"], e["seed"], e["llds_mode"]): e for e in entries}
+    rows = [
+        "| preset | seed | steps | eval acc start | final acc, LLDS off | final acc, LLDS auto "
+        "| auto: LLDS on at step (alert) | first alerts, off run | first alerts, auto run |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    verdict: dict[str, list[str]] = {}
+    for preset in AUTO_PRESETS:
+        for seed in sorted({k[1] for k in by if k[0] == preset}):
+            off, auto = by.get((preset, seed, "off")), by.get((preset, seed, "auto"))
+            if off is None or auto is None:
+                continue
+
+            def alerts(e: dict[str, Any]) -> str:
+                first = _first_alerts(out / e["path"])
+                return ", ".join(f"{k} {s}" for k, s in sorted(first.items(), key=lambda x: x[1]))
+
+            sw = _llds_switch(out / auto["path"])
+            a_off, a_auto = off["final_eval"]["accuracy"], auto["final_eval"]["accuracy"]
+            rows.append(
+                f"| {preset} | {seed} | {auto['steps']} | {_fmt(auto['start_eval']['accuracy'])} "
+                f"| {_fmt(a_off)} | {_fmt(a_auto)} "
+                f"| {'off throughout' if sw is None else f'{sw[0]} ({sw[1]})'} "
+                f"| {alerts(off) or 'none'} | {alerts(auto) or 'none'} |"
+            )
+            if preset == "s1-small-32upd-lr3e-3":
+                saved = a_off < 0.05 and a_auto >= 0.10
+                verdict.setdefault(preset, []).append(f"seed {seed}: {'yes' if saved else 'no'}")
+            else:
+                verdict.setdefault(preset, []).append(
+                    f"seed {seed}: {'switched on' if sw else 'stayed off'}, "
+                    f"{_fmt(a_auto - a_off, 2)} accuracy vs off"
+                )
+    rows.append("")
+    s1 = verdict.get("s1-small-32upd-lr3e-3", [])
+    n_ok = sum(v.endswith("yes") for v in s1)
+    if s1:
+        rows.append(
+            f"Target (s1: auto >= 0.10 where off < 0.05, in at least 2 of 3 seeds): "
+            f"{'MET' if n_ok >= 2 else 'NOT MET'} ({n_ok} of {len(s1)}: {'; '.join(s1)})."
+        )
+    if verdict.get("default"):
+        rows.append(f"Default preset (healthy): {'; '.join(verdict['default'])}.")
+    return rows
+
+
 def spiral_rows(out: Path, entries: list[dict[str, Any]]) -> list[str]:
     """Per spiral run: reward, entropy, grad norm and LLD signals, early vs late."""
     from lld_monitor import columns as C
@@ -258,7 +402,7 @@ def provenance_rows(manifest: dict[str, Any]) -> list[str]:
         "| run | seed | warm start (s) | GRPO + eval (s) | command |",
         "|---|---|---|---|---|",
     ]
-    for e in manifest.get("runs", []) + manifest.get("spiral", []):
+    for e in manifest.get("runs", []) + manifest.get("spiral", []) + manifest.get("auto", []):
         rows.append(
             f"| {e['name']} | {e['seed']} | {e.get('warm_start_seconds', '-')} "
             f"| {e.get('grpo_seconds', '-')} | `{e['command']}` |"
@@ -355,11 +499,42 @@ def main(argv: list[str] | None = None) -> int:
         "--spiral", nargs="*", default=None, help="run the spiral attempt (configuration names)"
     )
     ap.add_argument("--spiral-steps", type=int, default=1000)
+    ap.add_argument(
+        "--auto-check",
+        action="store_true",
+        help="automatic LLDS vs LLDS off with the shipped defaults (sample_runs/auto/)",
+    )
+    ap.add_argument(
+        "--auto-presets",
+        nargs="+",
+        default=list(AUTO_PRESETS),
+        choices=list(AUTO_PRESETS),
+        help="presets of --auto-check",
+    )
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     out = Path(args.out)
     manifest_path = out / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"runs": []}
+    if args.auto_check:  # its own README block (and the provenance), nothing else
+        if not args.table_only:
+            t0 = time.time()
+            new = make_auto_runs(out, args.seeds, args.auto_presets, not args.quiet)
+            names = {e["name"] for e in new}
+            kept = [e for e in manifest.get("auto", []) if e["name"] not in names]
+            manifest["auto"] = kept + new
+            manifest["auto_wall_seconds"] = round(time.time() - t0, 1)
+            manifest["auto_versions"] = versions()
+            manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+        order = {"off": 0, "auto": 1}
+        manifest["auto"].sort(
+            key=lambda e: (list(AUTO_PRESETS).index(e["preset"]), e["seed"], order[e["llds_mode"]])
+        )
+        manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+        write_block(out, auto_rows(out, manifest["auto"]), AUTO_START, AUTO_END)
+        write_block(out, provenance_rows(manifest), PROV_START, PROV_END)
+        print(f"wrote {out / 'README.md'} automatic-LLDS table ({len(manifest['auto'])} runs)")
+        return 0
     if args.spiral is not None and not args.table_only:
         t0 = time.time()
         new = make_spiral_runs(out, args.spiral_steps, args.spiral, args.seeds, not args.quiet)

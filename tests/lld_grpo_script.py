@@ -171,11 +171,11 @@ def main(out_dir: str, mode: str = "ok") -> None:
             prepare, pack = adapter._prepare_probe, StepMetrics.pack
             calls = {"prepare": 0}
 
-            def prepare_probe(micro: Any) -> Any:
+            def prepare_probe(*args: Any) -> Any:
                 calls["prepare"] += 1
                 if calls["prepare"] == 1:
                     raise RuntimeError("injected: preparing the probe failed")
-                return prepare(micro)
+                return prepare(*args)
 
             def failing_pack(self: Any, device: Any, names: Any) -> Any:
                 if monitor.step == 3:

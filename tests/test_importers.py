@@ -60,7 +60,33 @@ def test_canonical_csv_sorted_numeric_and_unmapped():
     _close(_col(df, C.FRAC_CORRECT_DISPLACED), [0.2, 0.4, 0.6])
     assert df.attrs["unmapped_columns"] == ["my_extra"]
     assert "my_extra" not in df.columns
-    assert all(pd.api.types.is_numeric_dtype(df[c]) for c in df.columns)
+    assert all(pd.api.types.is_numeric_dtype(df[c]) for c in df.columns if c != C.NONFINITE)
+    assert list(df[C.NONFINITE]) == ["", "", ""]  # the log names no non-finite value
+
+
+def test_blank_cell_is_missing_literal_nan_is_nonfinite(tmp_path):
+    from lld_monitor.analysis import analyze_run
+
+    path = tmp_path / "wandb.csv"
+    path.write_text(
+        "step,loss,reward,grad_norm\n"
+        "1,0.5,0.1,1.0\n2,0.4,0.2,1.1\n3,,0.25,1.0\n4,0.35,0.3,0.9\n"
+        "5,nan,0.3,1.0\n6,0.3,0.32,inf\n"
+    )
+    df = load_table(path)
+    assert list(df[C.NONFINITE]) == ["", "", "", "", "loss", "grad_norm"]
+    assert math.isnan(df[C.LOSS][2]) and math.isinf(df[C.GRAD_NORM][5])
+    # one critical alert, for the literal nan at step 5; the blank cell at step 3 is missing
+    alerts = [(a.step, a.kind) for a in analyze_run(path).alerts]
+    assert alerts == [(5, "nonfinite")]
+    # a NaN carried as a value by a JSON record is non-finite; an absent key is missing
+    recs = tmp_path / "trainer_state.json"
+    recs.write_text(
+        '{"log_history": [{"step": 1, "loss": 0.5, "reward": 0.1}, {"step": 2, "reward": 0.2},'
+        ' {"step": 3, "loss": NaN, "reward": 0.2}]}'
+    )
+    assert list(load_table(recs)[C.NONFINITE]) == ["", "", "loss"]
+    assert [(a.step, a.kind) for a in analyze_run(recs).alerts] == [(3, "nonfinite")]
 
 
 def test_canonical_jsonl_ignores_torn_last_line():
@@ -283,9 +309,11 @@ def test_mapping_names():
     assert canonical_name("completions/mean_length") == C.COMPLETION_LENGTH
     assert canonical_name("train/reward") == C.REWARD_MEAN
     assert canonical_name("eval/reward") is None
-    # the authors' verl fork: lambda maps; their token-diluted pos/neg log-probs do not
+    # the authors' verl fork: lambda maps; their token-diluted pos/neg log-probs map for their
+    # trend (tests/test_verl_authors_names.py); the reference-policy ones do not
     assert canonical_name("actor/loss_noreduce_coef") == C.LLDS_LAMBDA
-    assert canonical_name("actor/pos_avg_old_log_prob") is None
+    assert canonical_name("actor/pos_avg_old_log_prob") == C.LOGP_CORRECT
+    assert canonical_name("actor/pos_avg_ref_log_prob") is None
     assert canonical_name("actor/loss_noreduce") is None
     assert canonical_name("epoch") is None
     for col in C.STEP_COLUMNS:

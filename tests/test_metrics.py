@@ -80,7 +80,7 @@ HAND_EXPECTED = {
     C.DELTA_INCORRECT: -1.0,
     C.DELTA_CORRECT_PER_TOKEN: (-0.125 + 5 / 24) / 2,
     C.DELTA_INCORRECT_PER_TOKEN: -1 / 3,
-    C.FRAC_CORRECT_DISPLACED: 1 / 2,  # row 0 (-0.5 <= 0) of rows 0, 1
+    C.FRAC_CORRECT_DISPLACED: 1 / 2,  # row 0 (-0.5 < 0) of rows 0, 1
     C.FRAC_TOKENS_DISPLACED: (2 + 1) / (4 + 3),
     C.DELTA_FIRST_ACTION: (-0.25 + 0.625) / 2,
     C.DELTA_LATER_ACTIONS: -0.25,  # one (correct response, later action) pair: row 0 action 1
@@ -384,14 +384,30 @@ def test_cuda_matches_cpu():
     assert_row(row, HAND_EXPECTED)
 
 
-def test_unchanged_likelihood_counts_as_displaced_response_not_token():
-    # Delta <= 0 is the paper's LLD test for a response; a token is displaced only when < 0.
+def test_unchanged_likelihood_is_not_displaced():
+    # Displaced means strictly lowered: a no-op update (lr 0, a skipped step) displaces nothing.
     b = hand_batch()
     row = likelihood_displacement(b["logp_old"], b["logp_old"], b["mask"], rewards=b["rewards"])
     row = row.as_row()
-    assert row[C.FRAC_CORRECT_DISPLACED] == 1.0  # both correct responses have summed change 0
+    assert row[C.FRAC_CORRECT_DISPLACED] == 0.0  # both correct responses have summed change 0
     assert row[C.FRAC_TOKENS_DISPLACED] == 0.0
     assert row[C.DELTA_CORRECT] == 0.0 and row[C.DELTA_LATER_ACTIONS] == 0.0
+    assert row[C.N_CORRECT] == 2.0
+
+
+def test_summed_change_exactly_zero_is_not_displaced_but_below_zero_is():
+    # Two correct responses of two tokens each (float64, exact): row 0 moves +0.25 then -0.25
+    # (summed change 0: not displaced, one token displaced); row 1 moves -2**-20 on one token
+    # (summed change < 0: displaced, one token displaced). Share 1/2; tokens 2/4.
+    logp_old = torch.tensor([[-1.0, -2.0], [-1.0, -2.0]], dtype=torch.float64)
+    delta = torch.tensor([[0.25, -0.25], [0.0, -(2.0**-20)]], dtype=torch.float64)
+    mask = torch.ones(2, 2)
+    row = likelihood_displacement(
+        logp_old, logp_old + delta, mask, rewards=torch.tensor([1.0, 1.0])
+    ).as_row()
+    assert row[C.FRAC_CORRECT_DISPLACED] == 0.5
+    assert row[C.FRAC_TOKENS_DISPLACED] == 0.5
+    assert row[C.DELTA_CORRECT] == pytest.approx(-(2.0**-21), rel=1e-12)
 
 
 @settings(max_examples=30, deadline=None)
@@ -455,7 +471,7 @@ def reference_row(logp_old, logp_new, mask, correct) -> dict[str, float]:
             total / len(toks)
         )
         if key == "c":
-            acc[C.FRAC_CORRECT_DISPLACED].append(1.0 if total <= 0 else 0.0)
+            acc[C.FRAC_CORRECT_DISPLACED].append(1.0 if total < 0 else 0.0)
             tok_neg += sum(1 for v in d.values() if v < 0)
             tok_all += len(toks)
             acc[C.DELTA_FIRST_ACTION].append(sum(d[t] for t in actions[0]))

@@ -68,7 +68,7 @@ def test_row_from_the_plain_methods_is_hand_computed(tmp_path: Any) -> None:
         C.DELTA_INCORRECT: 0.5,  # 0 + 0.5
         C.DELTA_CORRECT_PER_TOKEN: 0.0,
         C.DELTA_INCORRECT_PER_TOKEN: 0.25,
-        C.FRAC_CORRECT_DISPLACED: 1.0,  # summed change 0 <= 0 counts as displaced
+        C.FRAC_CORRECT_DISPLACED: 0.0,  # summed change 0 is not < 0: not displaced
         C.FRAC_TOKENS_DISPLACED: 1 / 3,  # one of the correct response's 3 tokens fell
         C.N_CORRECT: 1.0,
         C.N_INCORRECT: 1.0,
@@ -196,26 +196,45 @@ def test_alerts_drive_actions_with_reasons(tmp_path: Any) -> None:
 
 
 def test_auto_llds_on_chooses_the_trigger_kinds(tmp_path: Any) -> None:
-    # default triggers: a collapse alert does not enable LLDS; with "collapse" added it does
+    # default triggers: the early signals, the paper's displacement indicator, collapse last
     collapse = Alert(3, "collapse", "critical", "reward halved", {})
+    displacement = Alert(2, "displacement", "warning", "0.8 of correct displaced", {})
+    nonfinite = Alert(2, "nonfinite", "critical", "loss=nan", {})
     default = LLDMonitor(tmp_path / "a", detector=None, auto_llds=True, strict=True)
-    assert default.decide(collapse) == []
-    wide = LLDMonitor(
+    assert default.auto_llds_on == ("stagnation", "decay", "displacement", "collapse")
+    assert default.decide(displacement) == [
+        ("llds_enable", "auto_llds on a displacement alert at step 2")
+    ]
+    assert default.decide(collapse) == [("llds_enable", "auto_llds on a collapse alert at step 3")]
+    assert default.decide(nonfinite) == []
+    narrow = LLDMonitor(
         tmp_path / "b",
-        detector=_ScriptedDetector({3: [collapse]}),
+        detector=_ScriptedDetector({2: [displacement], 3: [collapse]}),
         auto_llds=True,
-        auto_llds_on=("stagnation", "decay", "collapse"),
+        auto_llds_on=("stagnation", "decay"),
         strict=True,
     )
-    assert wide.decide(collapse) == [("llds_enable", "auto_llds on a collapse alert at step 3")]
-    wide.end_step(step=3)
+    assert narrow.decide(collapse) == [] and narrow.decide(displacement) == []
+    narrow.end_step(step=2)
+    narrow.end_step(step=3)
+    assert not narrow.llds.enabled
+    wide = LLDMonitor(
+        tmp_path / "c",
+        detector=_ScriptedDetector({2: [displacement]}),
+        auto_llds=True,
+        auto_llds_on=("displacement",),
+        strict=True,
+    )
+    wide.end_step(step=1)
+    assert not wide.llds.enabled
+    wide.end_step(step=2)
     assert wide.llds.enabled and wide.llds.lam == pytest.approx(0.2)
-    wide.close()
-    default.close()
+    for m in (default, narrow, wide):
+        m.close()
     with pytest.raises(ValueError, match="auto_llds_on"):
-        LLDMonitor(tmp_path / "c", auto_llds_on="collapse")
-    with pytest.raises(ValueError, match="auto_llds_on"):
-        LLDMonitor(tmp_path / "d", auto_llds_on=("nonfinite",))
+        LLDMonitor(tmp_path / "d", auto_llds_on="collapse")
+    with pytest.raises(ValueError, match=r"auto_llds_on.*displacement"):
+        LLDMonitor(tmp_path / "e", auto_llds_on=("nonfinite",))
 
 
 def test_correct_fn_and_advantage_fallback(tmp_path: Any) -> None:
@@ -571,3 +590,72 @@ def test_step_metrics_reduce_by_declared_rule() -> None:
     failed = StepMetrics.failed(torch.device("cpu"), 1)
     assert failed[i["n_failed"]] == 1.0 and failed[i["n_resp"]] == 0.0
     assert math.isnan(failed[i["grad_max"]]) and math.isnan(failed[i["llds_on"]])
+
+
+def test_probe_where_nothing_moved_carries_no_displacement_evidence(tmp_path: Any) -> None:
+    b = _batch()
+    monitor = LLDMonitor(tmp_path / "run", detector=None, strict=True, token_samples_per_step=0)
+    # Step 1: a no-op update (logp_new == logp_old): no displacement columns, one info note.
+    monitor.observe_rollout(b["logp_old"], b["mask"], rewards=b["rewards"])
+    monitor.observe_post_update(b["logp_old"].clone())
+    row1 = monitor.end_step(step=1)
+    # Step 2: the same again: still no columns, and no second note.
+    monitor.observe_rollout(b["logp_old"], b["mask"], rewards=b["rewards"])
+    monitor.observe_post_update(b["logp_old"].clone())
+    row2 = monitor.end_step(step=2)
+    # Step 3: a no-op probe and a moving one: only the moving one counts (as in the hand row).
+    monitor.observe_rollout(b["logp_old"], b["mask"], rewards=b["rewards"])
+    monitor.observe_post_update(b["logp_old"].clone())
+    monitor.observe_post_update(b["logp_new"])
+    row3 = monitor.end_step(step=3)
+    # Step 4: the adapter says the optimizer did not step (lr 0): left out although it moved.
+    monitor.observe_rollout(b["logp_old"], b["mask"], rewards=b["rewards"])
+    monitor.measure_displacement(
+        b["logp_old"], b["logp_new"], b["mask"], torch.tensor([True, False]), stepped=False
+    )
+    row4 = monitor.end_step(step=4)
+    monitor.close()
+    for row in (row1, row2, row4):
+        assert not set(C.DISPLACEMENT_COLUMNS) & set(row)
+        assert row[C.LOGP_CORRECT] == pytest.approx(-2.0)  # confidence is still measured
+    assert row3[C.N_CORRECT] == 1.0 and row3[C.N_INCORRECT] == 1.0  # not 2 and 2
+    assert row3[C.DELTA_INCORRECT] == pytest.approx(0.5)
+    assert row3[C.FRAC_CORRECT_DISPLACED] == 0.0 and row3[C.FRAC_TOKENS_DISPLACED] == pytest.approx(
+        1 / 3
+    )
+    events = load_run(tmp_path / "run").events
+    notes = events[events[C.EVENT_KIND] == "no_step_probe"]
+    assert notes[C.EVENT_STEP].tolist() == [1]
+    assert notes[C.EVENT_SEVERITY].tolist() == ["info"]
+    assert "optimizer did not step" in notes[C.EVENT_MESSAGE].iloc[0]
+    steps = load_run(tmp_path / "run").steps.set_index(C.STEP)
+    assert steps[C.FRAC_CORRECT_DISPLACED].isna().tolist() == [True, True, False, True]
+
+
+def test_zero_variance_groups_warn_once_and_only_when_llds_may_act(tmp_path: Any) -> None:
+    b = _batch()
+
+    def two_steps(monitor: LLDMonitor) -> None:
+        for step, zero in ((1, 6.0), (2, 8.0)):  # 6 of 8 groups (0.75), then 8 of 8
+            monitor.observe_rollout(b["logp_old"], b["mask"], rewards=b["rewards"])
+            monitor.observe_groups(zero, 8)
+            monitor.end_step(step=step)
+        monitor.close()
+
+    quiet = LLDMonitor(tmp_path / "off", detector=None, strict=True)  # LLDS off, no auto
+    two_steps(quiet)
+    assert "llds_check_zero_std" not in set(load_run(tmp_path / "off").events[C.EVENT_KIND])
+    auto = LLDMonitor(tmp_path / "auto", detector=None, strict=True, auto_llds=True)
+    with pytest.warns(UserWarning, match=r"75% of the prompt groups .* at step 1"):
+        two_steps(auto)
+    events = load_run(tmp_path / "auto").events
+    notes = events[events[C.EVENT_KIND] == "llds_check_zero_std"]
+    assert notes[C.EVENT_STEP].tolist() == [1]  # once, not again at step 2
+    assert notes[C.EVENT_EVIDENCE].iloc[0][C.FRAC_ZERO_STD_GROUPS] == 0.75
+    assert notes[C.EVENT_SEVERITY].tolist() == ["warning"]
+    below = LLDMonitor(tmp_path / "below", detector=None, strict=True, llds=LLDSConfig())
+    below.observe_rollout(b["logp_old"], b["mask"], rewards=b["rewards"])
+    below.observe_groups(5.0, 8)  # 0.625 < 0.75: no warning
+    below.end_step(step=1)
+    below.close()
+    assert "llds_check_zero_std" not in set(load_run(tmp_path / "below").events[C.EVENT_KIND])

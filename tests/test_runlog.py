@@ -488,3 +488,19 @@ def test_reader_gives_tokens_and_times_without_loading_steps(tmp_path):
     assert reader.tokens(5)[C.TOK_DELTA].tolist() == [0.25]
     assert len(reader.tokens()) == 2
     assert reader.last_modified == (tmp_path / "r" / "steps.jsonl").stat().st_mtime
+
+
+def test_nonfinite_values_are_stored_as_null_and_named(tmp_path):
+    from lld_monitor import columns as C
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.runlog import RunWriter, load_run
+
+    w = RunWriter(tmp_path / "run", meta={"trainer": "test"})
+    for s in range(1, 31):
+        w.log_step({C.STEP: s, C.LOSS: float("nan") if s == 25 else 0.5, C.REWARD_MEAN: 0.2})
+    w.close()
+    steps = load_run(tmp_path / "run").steps
+    assert steps[C.NONFINITE].fillna("").tolist() == [""] * 24 + ["loss"] + [""] * 5
+    assert math.isnan(steps[C.LOSS][24])
+    # the replay sees the trainer's NaN as non-finite, as the live detector did
+    assert [(a.step, a.kind) for a in analyze_run(tmp_path / "run").alerts] == [(25, "nonfinite")]

@@ -412,3 +412,24 @@ def test_same_seed_same_run(policy):
     assert first == second
     other = train_toy(replace(cfg, seed=1), progress=False, setup=_setup_from(policy, cfg))
     assert [{k: h[k] for k in keys if k in h} for h in other["log_history"]] != first
+
+
+def test_demo_auto_on_defaults_to_the_monitor_triggers_and_refuses_unknown_kinds(tmp_path, capsys):
+    import argparse
+
+    from lld_monitor.cli import main
+    from lld_monitor.commands.demo import add_arguments
+    from lld_monitor.monitor import AUTO_LLDS_KINDS
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    default = parser.parse_args([]).auto_on
+    assert default == "stagnation,decay,displacement,collapse"
+    assert tuple(default.split(",")) == AUTO_LLDS_KINDS
+    assert "displacement" in parser.format_help()
+    # an unknown kind is refused before any training (exit 2), naming the accepted kinds
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--quiet", "--auto-on", "decay,nonfinite"]) == 2
+    err = capsys.readouterr().err
+    assert "stagnation, decay, displacement, collapse" in err and "nonfinite" in err
+    assert not (out / "steps.jsonl").exists()

@@ -303,9 +303,14 @@ def test_metrics_reach_verls_file_logger_and_import_as_our_columns(tmp_path, mon
     tracker.logger["file"].finish()
     df = load_table(path)
     assert list(df[C.STEP]) == [1, 2]
-    for column in (*C.LLD_COLUMNS, *C.LLDS_COLUMNS):
+    for column in (*C.CONFIDENCE_COLUMNS, *C.LLDS_COLUMNS):
         want = [row[f"actor/{lv.metric_name(column)}"] for row in rows]
         assert list(df[column]) == pytest.approx(want, nan_ok=True), column
+    # the displacement at the loss call is another quantity than the probe's delta_*: logged
+    # under its own name and not imported as delta_*
+    for column in C.DISPLACEMENT_COLUMNS:
+        assert f"actor/lld/loss_call/{column}" in rows[0] and column not in df.columns
+        assert f"actor/lld/loss_call/{column}" in df.attrs["unmapped_columns"]
 
 
 def test_metric_without_global_batch_info_is_per_micro_batch():
@@ -429,96 +434,8 @@ def test_core_package_never_imports_verl():
 
 
 def _cpu_platform():
-    """Register a CPU platform in verl's PlatformRegistry (test-only; see the note above)."""
-    import contextlib
-    import types
-
-    from verl.plugin.platform.platform_base import PlatformBase
-    from verl.plugin.platform.platform_manager import PlatformRegistry
-
-    module = types.SimpleNamespace(
-        is_available=lambda: True,
-        current_device=lambda: "cpu",
-        device_count=lambda: 1,
-        set_device=lambda *a: None,
-        synchronize=lambda *a, **k: None,
-        empty_cache=lambda: None,
-        manual_seed=torch.manual_seed,
-        manual_seed_all=torch.manual_seed,
-        max_memory_allocated=lambda *a, **k: 0,
-        max_memory_reserved=lambda *a, **k: 0,
-        memory_allocated=lambda *a, **k: 0,
-        memory_reserved=lambda *a, **k: 0,
-        reset_peak_memory_stats=lambda *a, **k: None,
-        mem_get_info=lambda *a, **k: (0, 0),
-        get_device_name=lambda *a, **k: "CPU",
-        get_rng_state=torch.get_rng_state,
-        set_rng_state=torch.set_rng_state,
-    )
-
-    @PlatformRegistry.register("cpu")
-    class PlatformCPU(PlatformBase):
-        device_name = property(lambda self: "cpu")
-        vendor_name = property(lambda self: "cpu")
-        device_module = property(lambda self: module)
-
-        def is_available(self):
-            return True
-
-        def current_device(self):
-            return "cpu"
-
-        def device_count(self):
-            return 1
-
-        def set_device(self, device_index):
-            return None
-
-        def synchronize(self, device_index=None):
-            return None
-
-        def manual_seed(self, seed):
-            torch.manual_seed(seed)
-
-        def manual_seed_all(self, seed):
-            torch.manual_seed(seed)
-
-        def set_allocator_settings(self, settings):
-            return None
-
-        def empty_cache(self):
-            return None
-
-        def get_device_capability(self, device_index=0):
-            return (None, None)
-
-        def communication_backend_name(self):
-            return "gloo"
-
-        def visible_devices_envvar(self):
-            return "CPU_VISIBLE_DEVICES"
-
-        @contextlib.contextmanager
-        def nvtx_range(self, msg):
-            yield
-
-        def profiler_start(self):
-            return None
-
-        def profiler_stop(self):
-            return None
-
-        def ray_resource_name(self):
-            return "CPU"
-
-        def ray_noset_envvars(self):
-            return []
-
-        def is_ipc_supported(self):
-            return False
-
-        def cudart(self):
-            return None
+    """Register a CPU platform in verl's PlatformRegistry (tests/verl_cpu_platform.py)."""
+    import verl_cpu_platform  # noqa: F401  (registers on import)
 
 
 def _actor_update_main(out_path: str) -> None:
@@ -693,7 +610,7 @@ def test_one_real_update_through_verls_actor_worker(tmp_path):
     first, second = r["first"], r["second"]
     # first mini-batch: pi_theta == pi_old -> no displacement, LLDS exactly 0
     assert first["lld/llds_loss"] == 0.0 and first["lld/llds_frac_gated"] == 0.0
-    assert first["lld/delta_correct"] == pytest.approx(0.0, abs=1e-6)
+    assert first["lld/loss_call/delta_correct"] == pytest.approx(0.0, abs=1e-6)
     assert first["lld/llds_enabled"] == 1.0 and first["lld/llds_lambda"] == 0.2
     # the first update lowered row 2 (a copy of the pushed-down row 1)
     d2 = ((old[2] - mid[2]) * mask[2]).sum()
@@ -726,7 +643,7 @@ def test_one_real_update_through_verls_actor_worker(tmp_path):
     )
     # LLD metrics pooled over the mini-batch (rows 2, 3; correct = A > 0: none)
     stats = likelihood_displacement(old[2:], mid[2:], mask[2:], advantages=adv[2:, 0]).as_row()
-    assert second["lld/n_correct"] == 0.0 and second["lld/n_incorrect"] == 2.0
-    assert second["lld/delta_incorrect"] == pytest.approx(
+    assert second["lld/loss_call/n_correct"] == 0.0 and second["lld/loss_call/n_incorrect"] == 2.0
+    assert second["lld/loss_call/delta_incorrect"] == pytest.approx(
         stats[C.DELTA_INCORRECT], rel=1e-3, abs=1e-5
     )

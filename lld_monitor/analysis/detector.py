@@ -19,6 +19,13 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from lld_monitor import columns as C
+from lld_monitor.analysis.trend import (
+    MultiScaleTrend,
+    TrendFit,
+    from_json_float,
+    json_float,
+    t_critical,
+)
 from lld_monitor.events import Alert
 
 _NAN = float("nan")
@@ -49,11 +56,16 @@ class DetectorConfig:
 
     warmup_steps: int = 20  # no alert before this many steps after the first row
     warmup_rows: int = 5  # ... nor before this many rows
-    window_steps: int = 40  # trend window (stagnation, decay)
+    window_steps: int = 40  # window of the collapse's slope check and reward-rise test
     min_window_rows: int = 8  # a trend window keeps at least this many rows (sparse logs)
     short_steps: int = 10  # window of a sharp drop (collapse)
     min_short_rows: int = 3
-    persist_steps: int = 15  # stagnation / decay must hold this long before firing
+    trend_base_steps: float = 3.0  # bin width of the finest trend level (steps)
+    trend_bins: int = 10  # bins per trend window: level j spans trend_bins * base * 2**j steps
+    trend_levels: int = 9  # levels: windows of 30, 60, ... 7680 steps with the defaults
+    trend_alpha: float = 0.01  # one-sided level of each trend test (Student t, AR(1) n_eff)
+    trend_persist: int = 4  # a level's condition must hold over this many of its bins
+    trend_alpha_decay: float = 0.5  # alpha shrinks as (window / elapsed) ** this in long runs
     collapse_persist_steps: int = 6  # collapse must hold this long
     recover_steps: int = 40  # an LLD phase is left after its conditions cleared this long
     trend_t: float = 3.0  # |t| of an OLS slope that counts as a trend
@@ -62,7 +74,8 @@ class DetectorConfig:
     decay_min_drop: float = 0.025  # nats/token: minimum logp_correct drop over the window
     collapse_drop: float = 0.05  # nats/token: logp_correct drop over short_steps that is sharp
     displaced_frac: float = 0.5  # share of correct responses displaced (paper's > 50%)
-    displaced_z: float = 1.645  # one-sided z of the pooled displaced share above displaced_frac
+    displaced_z: float = 2.326  # one-sided z (1%) of the pooled displaced share above the 0.5
+    displaced_min_n: float = 12.0  # least pooled (weighted) correct responses behind the alert
     displaced_memory: float = 0.5  # weight kept per probe by the pooled displaced counts
     displaced_default_n: float = 8.0  # correct responses assumed per probe without n_correct
     grad_surge_ratio: float = 2.0  # fast / slow grad norm (geometric EMAs)
@@ -77,6 +90,9 @@ class DetectorConfig:
     failure_persist_steps: int = 10  # dead_signal / entropy_collapse / length_blowup persistence
     entropy_floor_frac: float = 0.1  # entropy below this share of its early level = collapse
     length_blowup_ratio: float = 3.0  # completion length above this multiple of its early level
+    reward_decline_frac: float = 0.3  # sustained reward decline from its peak (not LLD-specific)
+    kl_blowup_ratio: float = 100.0  # KL above this multiple of its settled level ...
+    kl_floor: float = 0.01  # ... taken as at least this (KL grows from 0 in every run)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -191,10 +207,25 @@ class _DisplacedShare:
     weights squared) reaches ``z``; it re-arms once the pooled share is back below ``frac``.
     """
 
-    __slots__ = ("default_n", "fired", "frac", "k", "last", "memory", "n", "probes", "s2", "z")
+    __slots__ = (
+        "default_n",
+        "fired",
+        "frac",
+        "k",
+        "last",
+        "memory",
+        "min_n",
+        "n",
+        "probes",
+        "s2",
+        "z",
+    )
 
-    def __init__(self, frac: float, z: float, memory: float, default_n: float) -> None:
+    def __init__(
+        self, frac: float, z: float, memory: float, default_n: float, min_n: float
+    ) -> None:
         self.frac, self.z, self.memory, self.default_n = frac, z, memory, default_n
+        self.min_n = min_n
         self.k = self.n = self.s2 = 0.0  # weighted displaced, weighted correct, sum w^2 n
         self.last: tuple[float, float] = (_NAN, _NAN)
         self.probes: deque[tuple[float, float, float]] = deque(maxlen=4)  # (step, k, n)
@@ -217,7 +248,12 @@ class _DisplacedShare:
             if pooled < self.frac:
                 self.fired = False
             return False
-        if share > self.frac and pooled > self.frac and self.stat() >= self.z:
+        if (
+            share > self.frac
+            and pooled > self.frac
+            and self.n >= self.min_n
+            and self.stat() >= self.z
+        ):
             self.fired = True
             return True
         return False
@@ -256,17 +292,8 @@ class _DisplacedShare:
         self.fired = bool(d["fired"])
 
 
-def _enc(v: float) -> float | str | None:
-    """A float as strict JSON: NaN -> null, +-inf -> "inf" / "-inf"."""
-    if v != v:
-        return None
-    if v in (math.inf, -math.inf):
-        return "inf" if v > 0 else "-inf"
-    return v
-
-
-def _dec(v: float | str | None) -> float:
-    return _NAN if v is None else float(v)
+_enc = json_float
+_dec = from_json_float
 
 
 def _f(v: Any) -> float:
@@ -303,7 +330,7 @@ _EMA_NAMES = (
     "log_grad_dev",
     "entropy_dev",
 )
-_FAILURES = ("dead_signal", "entropy_collapse", "length_blowup")
+_FAILURES = ("dead_signal", "entropy_collapse", "length_blowup", "reward_decline", "kl_blowup")
 
 
 class PhaseDetector:
@@ -334,9 +361,24 @@ class PhaseDetector:
         self._phase = "unknown"
         self._seen: set[str] = set()
         self._lp_win = _RollingOLS(cfg.window_steps, cfg.min_window_rows)
-        self._lp_half = _RollingOLS(cfg.window_steps / 2, max(3, cfg.min_window_rows // 2))
         self._lp_short = _RollingOLS(cfg.short_steps, cfg.min_short_rows)
         self._rw_win = _RollingOLS(cfg.window_steps, cfg.min_window_rows)
+        self._lp_ms = MultiScaleTrend(
+            cfg.trend_base_steps, cfg.trend_bins, cfg.trend_levels, cfg.trend_alpha
+        )
+        self._rw_ms = MultiScaleTrend(
+            cfg.trend_base_steps, cfg.trend_bins, cfg.trend_levels, cfg.trend_alpha
+        )
+        # per trend level: consecutive tests that held stagnation-or-worse / decay
+        self._hold1 = [0] * cfg.trend_levels
+        self._hold2 = [0] * cfg.trend_levels
+        self._since1 = [0.0] * cfg.trend_levels  # step of the first test of each streak
+        self._since2 = [0.0] * cfg.trend_levels
+        self._conf = [0] * cfg.trend_levels  # confirmed rank per level
+        self._trend_rank = 0
+        self._trend_level = -1  # the level behind the current trend rank
+        self._recover = float(cfg.recover_steps)  # steps without support before leaving a phase
+        self._rw_decline: TrendFit | None = None  # the reward_decline trend, when there is one
         self._ema = [_NAN] * len(_EMA_NAMES)
         self._last = {k: _NAN for k in ("rw", "fd", "dc", "g", "h", "kl", "len")}
         self._alpha: dict[float, tuple[float, float, float]] = {}  # dt -> weights (a cache)
@@ -344,6 +386,7 @@ class PhaseDetector:
         self._rw_min = _NAN  # lowest fast reward EMA so far
         self._rw_trough = _NAN  # lowest fast reward EMA before the peak
         self._w_fast = _NAN  # fast-EMA weight of the last row's gap (noise of the fast EMAs)
+        self._kl_ref = _NAN  # lowest slow KL EMA after the warm-up (the settled level)
         self._h_early = _NAN  # entropy level over the warm-up rows
         self._len_early = _NAN
         self._early_n = 0
@@ -356,7 +399,11 @@ class PhaseDetector:
         self._below_rank = 0
         self._fired: dict[str, bool] = {k: False for k in ("nonfinite", *_FAILURES)}
         self._displaced = _DisplacedShare(
-            cfg.displaced_frac, cfg.displaced_z, cfg.displaced_memory, cfg.displaced_default_n
+            cfg.displaced_frac,
+            cfg.displaced_z,
+            cfg.displaced_memory,
+            cfg.displaced_default_n,
+            cfg.displaced_min_n,
         )
 
     @property
@@ -402,11 +449,16 @@ class PhaseDetector:
         step = _f(row.get(C.STEP))
         if not math.isfinite(step):
             raise ValueError(f"a row needs a numeric {C.STEP!r} value, got {row.get(C.STEP)!r}")
-        return self._update(step, tuple([_f(row.get(c)) for c in INPUT_COLUMNS]))
+        marks = row.get(C.NONFINITE)
+        return self._update(
+            step,
+            tuple([_f(row.get(c)) for c in INPUT_COLUMNS]),
+            marks.split(",") if isinstance(marks, str) else None,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The full running state as plain JSON (no NaN: encoded as null)."""
-        ols = ("_lp_win", "_lp_half", "_lp_short", "_rw_win")
+        ols = ("_lp_win", "_lp_short", "_rw_win")
         return {
             "version": 1,
             "params": asdict(self.config),
@@ -423,6 +475,7 @@ class PhaseDetector:
             "rw_trough": _enc(self._rw_trough),
             "w_fast": _enc(self._w_fast),
             "h_early": _enc(self._h_early),
+            "kl_ref": _enc(self._kl_ref),
             "len_early": _enc(self._len_early),
             "early_n": self._early_n,
             "grad_bad": self._grad_bad,
@@ -430,6 +483,14 @@ class PhaseDetector:
             "below_rank": self._below_rank,
             "fired": dict(self._fired),
             "displaced": self._displaced.state(),
+            "lp_ms": self._lp_ms.state(),
+            "rw_ms": self._rw_ms.state(),
+            "hold1": list(self._hold1),
+            "hold2": list(self._hold2),
+            "since1": list(self._since1),
+            "since2": list(self._since2),
+            "conf": list(self._conf),
+            "recover": self._recover,
         }
 
     @classmethod
@@ -463,6 +524,7 @@ class PhaseDetector:
         self._rw_trough = _dec(state["rw_trough"])
         self._w_fast = _dec(state["w_fast"])
         self._h_early = _dec(state["h_early"])
+        self._kl_ref = _dec(state["kl_ref"])
         self._len_early = _dec(state["len_early"])
         self._early_n = int(state["early_n"])
         self._grad_bad = int(state["grad_bad"])
@@ -470,6 +532,16 @@ class PhaseDetector:
         self._below_rank = int(state["below_rank"])
         self._fired = {k: bool(v) for k, v in state["fired"].items()}
         self._displaced.load(state["displaced"])
+        self._lp_ms.load(state["lp_ms"])
+        self._rw_ms.load(state["rw_ms"])
+        self._hold1 = [int(v) for v in state["hold1"]]
+        self._hold2 = [int(v) for v in state["hold2"]]
+        self._since1 = [float(v) for v in state["since1"]]
+        self._since2 = [float(v) for v in state["since2"]]
+        self._conf = [int(v) for v in state["conf"]]
+        self._recover = float(state["recover"])
+        self._rw_decline = self._reward_decline()
+        self._trend_rank, self._trend_level = self._confirmed_trend()
 
     # --- the work -----------------------------------------------------------------------------
     def _weights(self, dt: float) -> tuple[float, float, float]:
@@ -487,8 +559,12 @@ class PhaseDetector:
             self._alpha[dt] = w
         return w
 
-    def _update(self, step: float, v: tuple[float, ...]) -> list[Alert]:
-        """Core update on the value tuple ordered as ``INPUT_COLUMNS``."""
+    def _update(
+        self, step: float, v: tuple[float, ...], marks: list[str] | None = None
+    ) -> list[Alert]:
+        """Core update on the value tuple ordered as ``INPUT_COLUMNS``; ``marks``: the columns
+        the row says were non-finite when logged (``C.NONFINITE``; None: the row does not say,
+        and a NaN counts when the column was finite before and the row has other values)."""
         if step <= self._last_step:
             return []
         cfg = self.config
@@ -509,23 +585,29 @@ class PhaseDetector:
 
         # --- non-finite loss / grad norm: NaN counts only when the column was seen finite and
         # the row carries other training values (else it is a missing value, e.g. an eval row)
+        other = fin(rw) or fin(h) or fin(kl) or fin(ln)
         if fin(loss):
             seen.add(C.LOSS)
             bad_loss = False
+        elif marks is not None:  # the row names its non-finite values: a blank is missing
+            bad_loss = loss == loss or C.LOSS in marks
         else:
-            bad_loss = loss == loss or (
-                C.LOSS in seen and (fin(rw) or fin(h) or fin(kl) or fin(ln))
-            )
+            bad_loss = loss == loss or (C.LOSS in seen and other)
         if fin(g):
             bad_grad = False
+        elif marks is not None:
+            bad_grad = g == g or C.GRAD_NORM in marks
         else:
-            bad_grad = g == g or (C.GRAD_NORM in seen and (fin(rw) or fin(h) or fin(kl) or fin(ln)))
+            bad_grad = g == g or (C.GRAD_NORM in seen and other)
         self._grad_bad = self._grad_bad + 1 if bad_grad else 0
 
         # --- feed the statistics ---------------------------------------------------------------
         if fin(rw):
             seen.add(C.REWARD_MEAN)
-            self._rw_win.push(step, rw)
+            if rw != self._rw_ms._last_value:  # a rollout batch's repeat is not new data
+                self._rw_win.push(step, rw)
+            if any(j >= 2 for j in self._rw_ms.push(step, rw)):
+                self._rw_decline = self._reward_decline()  # re-tested as its bins close
             last = L["rw"]
             if last != last:
                 E[_RW_F] = rw
@@ -543,9 +625,12 @@ class PhaseDetector:
                 self._rw_trough = self._rw_min
         if fin(lp):
             seen.add(C.LOGP_CORRECT)
-            self._lp_win.push(step, lp)
-            self._lp_half.push(step, lp)
-            self._lp_short.push(step, lp)
+            if lp != self._lp_ms._last_value:
+                self._lp_win.push(step, lp)
+                self._lp_short.push(step, lp)
+            closed = self._lp_ms.push(step, lp)
+            if closed:
+                self._trend_levels(step, closed)
         if fin(fd):
             seen.add(C.FRAC_CORRECT_DISPLACED)
             # the paper's indicator; a row whose optimizer did not step (lr 0 in warm-up, a
@@ -645,24 +730,29 @@ class PhaseDetector:
                 alerts.append(self._nonfinite_alert(istep, loss, g, bad_loss, bad_grad))
         elif not bad_grad:
             self._fired["nonfinite"] = False
-        if warm and (zstd == zstd or rstd == rstd or fin(h) or fin(ln)):
+        if warm:
+            ks = E[_KL_S]
+            if ks == ks and not ks >= self._kl_ref:
+                self._kl_ref = ks
             self._failures(step, istep, zstd, rstd, alerts)
 
         # --- LLD phase conditions ---------------------------------------------------------
-        rank = 0
+        rank = tr = 0
         if warm:
-            rank = self._rank(step)
+            rank = self._rank(step)  # 3 when a collapse is seen, else 0
+            if C.LOGP_CORRECT in seen:
+                tr = self._trend_rank  # 1 / 2: confirmed by a trend level
 
         # --- phase machine: escalate after persistence, de-escalate after recover_steps --------
         cur = _RANK[self._phase]
         target = cur
         since = self._since
-        for r, key, need in (
-            (1, "r1", cfg.persist_steps),
-            (2, "r2", cfg.persist_steps),
-            (3, "r3", cfg.collapse_persist_steps),
+        for r, key, need, level in (
+            (1, "r1", 0, tr),  # trend ranks are confirmed by their own level (trend_persist)
+            (2, "r2", 0, tr),
+            (3, "r3", cfg.collapse_persist_steps, rank),
         ):
-            if rank >= r:
+            if level >= r:
                 s = since[key]
                 if s != s:
                     since[key] = s = step
@@ -675,14 +765,21 @@ class PhaseDetector:
             alerts.append(self._phase_alert(istep, new, self._evidence()))
             self._phase = new
             since["below"] = _NAN
-        elif rank < cur and not (cur == 3 and self._reward_still_fallen()):
+            # a trend phase is left after three windows of the scale that saw it without
+            # support (a decline that becomes sure only later must not pass through healthy)
+            lvl = self._trend_level if target < 3 else -1
+            self._recover = max(
+                float(cfg.recover_steps), 3.0 * self._lp_ms.window_steps(lvl) if lvl >= 0 else 0.0
+            )
+        elif max(rank, tr) < cur and not (cur == 3 and self._reward_still_fallen()):
+            rank = max(rank, tr)
             s = since["below"]
             if s != s:
                 since["below"] = step
                 self._below_rank = rank
             else:
                 self._below_rank = max(self._below_rank, rank)
-                if step - s >= cfg.recover_steps:
+                if step - s >= self._recover:
                     old = self._phase
                     self._phase = _BY_RANK.get(self._below_rank, self._base_phase())
                     since["below"] = _NAN
@@ -732,12 +829,125 @@ class PhaseDetector:
         if peak == peak:
             scale = max(abs(peak), peak - trough if trough == trough else 0.0)
             drop = peak - E[_RW_F]
+            # the peak of a noisy EMA is itself an extreme: over n independent stretches of
+            # fast_tau steps it sits about sqrt(2 ln n) noise sd above the level
+            n_ind = max((self._last_step - self._first_step) / self.config.fast_tau, 1.0)
+            extreme = math.sqrt(2.0 * math.log(n_ind)) if n_ind > 1.0 else 0.0
             if scale > 0.0:
-                fall = drop / scale if drop > k * damp * E[_RW_D] else 0.0
+                fall = drop / scale if drop > (k + extreme) * damp * E[_RW_D] else 0.0
         return g_ratio, h_ratio, kl_ratio, fall
 
+    def _reward_decline(self) -> TrendFit | None:
+        """The finest reward trend with a window of 120 steps or more that falls significantly
+        (the trend test of the phases) by at least ``reward_decline_frac`` of its fitted start:
+        a slow decline with no explosion, which a warning names (not LLD-specific)."""
+        cfg = self.config
+        for level in range(2, cfg.trend_levels):
+            r = self._rw_ms.fit(level, need_t=2.0)
+            if r is None or r.change >= 0.0:
+                continue
+            if -r.change < cfg.reward_decline_frac * max(abs(r.first), abs(r.last)):
+                continue
+            if r.t <= -self._t_crit(r):
+                return r
+        return None
+
+    def _reward_declining(self, min_level: int = 0) -> bool:
+        """A significant downward reward trend at some scale (a low, noisy reward that merely
+        sits below an early noisy peak is not a fall)."""
+        for level in range(min_level, self.config.trend_levels):
+            r = self._rw_ms.fit(level, need_t=2.0)
+            if r is not None and r.t <= -self._t_crit(r):
+                return True
+        return False
+
+    def _t_crit(self, f: TrendFit) -> float:
+        """Critical t of a level's test, stricter the more windows of that level the run has
+        already had: a long run gives a short window many chances to look like a trend
+        (level ``trend_alpha`` * (window / elapsed steps) ** ``trend_alpha_decay``)."""
+        elapsed = self._last_step - self._first_step
+        w = self._lp_ms.window_steps(f.level)
+        a = self.config.trend_alpha * min(1.0, w / elapsed) ** self.config.trend_alpha_decay
+        return t_critical(int(f.df * 10), max(1, round(a * 1e6)))
+
+    def _level_rank(self, level: int) -> int:
+        """What one trend level says now: 0 nothing, 1 stagnation, 2 decay."""
+        cfg = self.config
+        # cheap pre-checks (ends of the window) before the fits: most windows show no move
+        lp_move = self._lp_ms.end_change(level)
+        f = None
+        if lp_move <= -0.5 * cfg.decay_min_drop:
+            f = self._lp_ms.fit(level, need_t=2.0)  # None: no decline or rise of note
+        if f is not None and -f.change >= cfg.decay_min_drop and f.t <= -self._t_crit(f):
+            # declining steadily over the window, still going down, while the reward holds
+            # (Phase II); with the reward fallen it is a dip or already the collapse
+            if not self._lp_ms.late_slope(level) < 0.0:
+                return 0
+            return 0 if self._ratios()[3] >= cfg.reward_fall_frac else 2
+        rw_move = self._rw_ms.end_change(level)
+        if not (rw_move > 0.0 and abs(lp_move) <= 2.0 * cfg.flat_tol):
+            return 0
+        r = self._rw_ms.fit(level, need_t=2.0)
+        if r is None or not (r.t >= self._t_crit(r)):
+            return 0  # stagnation needs the reward rising at this scale
+        rise = r.last - r.first
+        if rise < cfg.reward_min_rise * max(abs(r.first), abs(r.last), 1e-12):
+            return 0
+        f = self._lp_ms.fit(level)
+        if f is None or abs(f.change) > cfg.flat_tol or f.se_change > cfg.flat_tol:
+            return 0  # not flat, or flatness not established at this noise
+        if f.t >= 0.0:
+            return 0  # any sign of a rise: in learning runs logp_correct rises with the reward
+        if self._ratios()[3] > cfg.reward_fall_frac / 3:
+            return 0  # recovering from a dip is not learning
+        return 1
+
+    def _trend_levels(self, step: float, closed: list[int]) -> None:
+        """Re-test the levels whose bins just closed and update the confirmed trend rank.
+
+        A level's condition is confirmed when it has held at two or more consecutive tests
+        spanning at least ``trend_persist - 1`` of its bins in steps (a sparse log tests a level
+        less often than once per bin, and each of its tests then brings more new data).
+        """
+        need = self.config.trend_persist
+        h1, h2, s1, s2 = self._hold1, self._hold2, self._since1, self._since2
+        changed = False
+        for level in closed:
+            r = self._level_rank(level)
+            span = (need - 1) * self._lp_ms.base_steps * 2.0**level
+            before = self._conf[level]
+            if r >= 1:
+                if h1[level] == 0:
+                    s1[level] = step
+                h1[level] += 1
+            else:
+                h1[level] = 0
+            if r >= 2:
+                if h2[level] == 0:
+                    s2[level] = step
+                h2[level] += 1
+            else:
+                h2[level] = 0
+            self._conf[level] = (
+                2
+                if h2[level] >= 2 and step - s2[level] >= span
+                else (1 if h1[level] >= 2 and step - s1[level] >= span else 0)
+            )
+            changed |= before != self._conf[level]
+        if changed:
+            self._trend_rank, self._trend_level = self._confirmed_trend()
+
+    def _confirmed_trend(self) -> tuple[int, int]:
+        """(rank, level) of the most severe confirmed level; among equals the finest (the
+        earliest to see it); level -1 with rank 0."""
+        best, lvl = 0, -1
+        for j, r in enumerate(self._conf):
+            if r > best:
+                best, lvl = r, j
+        return best, lvl
+
     def _rank(self, step: float) -> int:
-        """Severity the current windows support: 0 none, 1 stagnation, 2 decay, 3 collapse."""
+        """3 when the current windows show a collapse, else 0 (trends: ``_trend_rank``)."""
         cfg = self.config
         g_ratio, h_ratio, _, fall = self._ratios()
         # KL is reported, not used: it grows from 0 by design early in every run
@@ -746,38 +956,29 @@ class PhaseDetector:
             + (h_ratio >= cfg.entropy_rise_ratio)
             + (fall >= cfg.reward_fall_frac)
         )
-        _, rt, _, r0, r1 = self._rw_win.fit()
-        # rising to new highs (a recovery from a dip is not learning)
-        reward_rising = (
-            rt >= cfg.trend_t
-            and not fall > cfg.reward_fall_frac / 3
-            and (r1 - r0) >= cfg.reward_min_rise * max(abs(r0), abs(r1), 1e-12)
-        )
-        rank = 0
+        fd_high = self._ema[_FD_F] >= cfg.displaced_frac
+        if n_corro + fd_high == 0:
+            return 0  # (the fits below are only needed with a corroborating signal)
         if len(self._lp_win.buf) >= cfg.min_window_rows and C.LOGP_CORRECT in self._seen:
-            slope, t, span, l0, l1 = self._lp_win.fit()
-            change = l1 - l0
-            if slope < 0.0 and len(self._lp_short.buf) >= cfg.min_short_rows:
+            if len(self._lp_short.buf) >= cfg.min_short_rows and self._lp_win.fit()[0] < 0.0:
                 _, st, _, s0, s1 = self._lp_short.fit()
-                fdv = self._ema[_FD_F]
-                sharp = st <= -cfg.trend_t and (s0 - s1) >= cfg.collapse_drop
-                if sharp and n_corro + (fdv >= cfg.displaced_frac) >= 1:
-                    return 3
-            if t <= -cfg.trend_t and -change >= cfg.decay_min_drop:
-                if self._lp_half.fit()[1] < -1.0:  # still going down: not a dip recovering
-                    rank = 2
-            if rank == 0 and reward_rising:
-                se_change = abs(slope / t) * span if t and math.isfinite(t) else 0.0
-                # flat: small change, known to within flat_tol, no clear upward trend
-                if (
-                    abs(change) <= cfg.flat_tol
-                    and change + 2.0 * se_change <= 2 * cfg.flat_tol
-                    and (t < cfg.trend_t or change <= cfg.flat_tol / 2)
-                ):
-                    rank = 1
-        if rank < 3 and n_corro >= 2 and not reward_rising:
-            rank = 3  # collapse visible in the standard metrics alone
-        return rank
+                # sharp: t, at least collapse_drop, and noise_k standard errors of a fitted
+                # change over these n points (equally spaced: sd * sqrt(12 (n-1) / (n (n+1))))
+                n = len(self._lp_short.buf)
+                se = self._lp_ms.noise_sd * math.sqrt(12.0 * (n - 1) / (n * (n + 1)))
+                if st <= -cfg.trend_t and (s0 - s1) >= max(cfg.collapse_drop, cfg.noise_k * se):
+                    return 3  # a sharp drop with a corroborating signal
+        if n_corro >= 2:
+            _, rt, _, r0, r1 = self._rw_win.fit()
+            # rising to new highs (a recovery from a dip is not learning)
+            reward_rising = (
+                rt >= cfg.trend_t
+                and not fall > cfg.reward_fall_frac / 3
+                and (r1 - r0) >= cfg.reward_min_rise * max(abs(r0), abs(r1), 1e-12)
+            )
+            if not reward_rising and self._reward_declining():
+                return 3  # collapse visible in the standard metrics alone
+        return 0
 
     def _evidence(self) -> dict[str, Any]:
         """The numbers behind the current windows (computed only when an alert fires)."""
@@ -814,6 +1015,25 @@ class PhaseDetector:
                 short_drop=s0 - s1,
                 short_steps=sspan,
             )
+        lvl = self._trend_level
+        f = self._lp_ms.fit(lvl) if lvl >= 0 else None
+        r = self._rw_ms.fit(lvl) if lvl >= 0 else None
+        if f is not None:  # the trend level behind a stagnation / decay rank
+            ev.update(
+                logp_change=f.change,
+                logp_slope=f.slope,
+                logp_t=f.t,
+                logp_t_crit=f.t_crit,
+                logp_se_change=f.se_change,
+                window_steps=f.span,
+                window_start=f.start,
+                trend_level=f.level,
+                trend_bins=f.n_bins,
+                logp_start=f.first,
+                logp_end=f.last,
+            )
+            if r is not None:
+                ev.update(reward_start=r.first, reward_end=r.last, reward_t=r.t)
         return ev
 
     def _base_phase(self) -> str:
@@ -845,10 +1065,13 @@ class PhaseDetector:
         cfg = self.config
         he, hf = self._h_early, self._ema[_H_F]
         le, lf = self._len_early, self._ema[_LEN_F]
+        kl_ref = max(self._kl_ref, cfg.kl_floor) if self._kl_ref == self._kl_ref else _NAN
         conds = (
             (zstd >= cfg.dead_zero_std) or (rstd <= cfg.dead_reward_std),
             he > 0.0 and hf <= cfg.entropy_floor_frac * he,
             le > 0.0 and lf >= cfg.length_blowup_ratio * le,
+            self._phase != "collapse" and self._rw_decline is not None,
+            self._ema[_KL_F] >= cfg.kl_blowup_ratio * kl_ref,
         )
         since, fired, need = self._since, self._fired, cfg.failure_persist_steps
         for kind, cond in zip(_FAILURES, conds):
@@ -903,9 +1126,32 @@ class PhaseDetector:
                 "the policy has become (near) deterministic"
             )
             ev = {"entropy": _enc(hf), "entropy_early": _enc(he)}
-        else:
+        elif kind == "length_blowup":
             msg = f"completion length {_fmt(lf)} is x{lf / le:.1f} its early level {_fmt(le)}"
             ev = {"completion_length": _enc(lf), "completion_length_early": _enc(le)}
+        elif kind == "reward_decline":
+            r = self._rw_decline
+            r0, r1, t, span = (r.first, r.last, r.t, r.span) if r else (_NAN,) * 4
+            msg = (
+                f"reward declining: {_fmt(r0)} -> {_fmt(r1)} ({_fmt(100 * (r1 - r0) / abs(r0))}%) "
+                f"over {span:.0f} steps, t={t:.1f}, with no collapse seen"
+            )
+            ev = {
+                "reward_start": _enc(r0),
+                "reward_end": _enc(r1),
+                "reward_t": _enc(t),
+                "window_steps": _enc(span),
+            }
+            return Alert(
+                step, kind, "warning", f"{msg} (for {held:.0f} steps); not specific to LLD", ev
+            )
+        else:
+            kl, ref = self._ema[_KL_F], max(self._kl_ref, self.config.kl_floor)
+            msg = f"KL to the reference {_fmt(kl)} is x{kl / ref:.0f} its settled level {_fmt(ref)}"
+            ev = {"kl": _enc(kl), "kl_settled": _enc(ref)}
+            return Alert(
+                step, kind, "warning", f"{msg} (for {held:.0f} steps); not specific to LLD", ev
+            )
         return Alert(step, kind, "warning", f"{msg} (for {held:.0f} steps); not a sign of LLD", ev)
 
     def _phase_alert(self, step: int, phase: str, ev: dict[str, Any]) -> Alert:

@@ -111,12 +111,18 @@ def replay(
         for c in INPUT_COLUMNS
     ]
     steps = df[C.STEP].to_numpy(dtype=float).tolist()
+    # which missing values the log names non-finite (C.NONFINITE; a blank cell is missing)
+    marks: list[Any] = (
+        [m.split(",") if isinstance(m, str) else None for m in df[C.NONFINITE].tolist()]
+        if C.NONFINITE in df.columns
+        else [None] * n
+    )
     alerts: list[Alert] = []
     phases: list[str] = []
     update = det._update
     add_phase = phases.append
-    for step, values in zip(steps, zip(*cols)):
-        new = update(step, values)
+    for step, values, mark in zip(steps, zip(*cols), marks):
+        new = update(step, values, mark)
         if new:
             alerts.extend(new)
         add_phase(det._phase)

@@ -15,6 +15,8 @@ import warnings
 from dataclasses import replace
 from pathlib import Path
 
+from lld_monitor.monitor import AUTO_LLDS_ACCEPTED, AUTO_LLDS_KINDS
+
 DEFAULT_STEPS = 320
 PRESETS: tuple[str, ...] = ("default", "s1-small-32upd-lr3e-3")
 
@@ -48,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("off", "on", "auto"),
         default="auto",
         help="LLDS regularizer: off (vanilla GRPO), on (from the start), or auto (switched on "
-        "by the monitor at a stagnation or decay alert; the default)",
+        "by the monitor at the first alert of a kind in --auto-on; the default)",
     )
     parser.add_argument(
         "--out",
@@ -73,11 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--auto-on",
-        default="stagnation,decay",
+        default=",".join(AUTO_LLDS_KINDS),
         metavar="KINDS",
         help="with --llds auto: comma-separated alert kinds that switch LLDS on (from "
-        "stagnation, decay, collapse; default stagnation,decay; the spiral presets skip the early "
-        "phases, so add collapse there)",
+        f"{', '.join(AUTO_LLDS_ACCEPTED)}; default {','.join(AUTO_LLDS_KINDS)}: the early "
+        "phases, the paper's >50%%-displaced indicator, and collapse as the last resort)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -120,16 +122,16 @@ def run(args: argparse.Namespace) -> int:
         f"LLDS {args.llds}, seed {args.seed}, preset {args.preset}\n  run folder: {out}"
     )
     auto_on = tuple(k.strip() for k in args.auto_on.split(",") if k.strip())
-    bad = sorted(set(auto_on) - {"stagnation", "decay", "collapse"})
+    bad = sorted(set(auto_on) - set(AUTO_LLDS_ACCEPTED))
     if bad or not auto_on:
         print(
-            f"lld-monitor demo: --auto-on takes kinds from stagnation, decay, collapse; got "
+            f"lld-monitor demo: --auto-on takes kinds from {', '.join(AUTO_LLDS_ACCEPTED)}; got "
             f"{args.auto_on!r}",
             file=sys.stderr,
         )
         return 2
     words = ["--steps", str(args.steps), "--seed", str(args.seed), "--llds", args.llds]
-    if args.llds == "auto" and auto_on != ("stagnation", "decay"):
+    if args.llds == "auto" and auto_on != AUTO_LLDS_KINDS:
         words += ["--auto-on", ",".join(auto_on)]
     if args.preset != "default":
         words += ["--preset", args.preset]

@@ -275,8 +275,6 @@ class GRPOAdapter(TrainerAdapter):
         self.monitor.reuse_warning = llds_reuse_problem(
             self.trainer.num_iterations, args.steps_per_generation, args.gradient_accumulation_steps
         )
-        if self.monitor.reuse_warning and self.monitor.llds.enabled:
-            warnings.warn(self.monitor.reuse_warning, UserWarning, stacklevel=3)
         self._check_dropout()
         names = list(self.trainer.reward_func_names)
         rule = self.monitor.correctness
@@ -296,6 +294,10 @@ class GRPOAdapter(TrainerAdapter):
             if name not in self.monitor.reward_fn_names:
                 self.monitor.reward_fn_names.append(name)
         self.monitor.start(trainer=self.trainer_name, lld_columns=True, **self.meta())
+        # LLDS on, or auto_llds: say now (not only when the switch fires) what keeps it from acting
+        self.monitor.check_llds_can_act(
+            reuse_problem=self.monitor.reuse_warning, num_generations=self.trainer.num_generations
+        )
         self._wrap("training_step", self._training_step)
         self._wrap("_get_grad_norm", self._get_grad_norm)
         self._wrap("_calculate_rewards", self._calculate_rewards)
@@ -528,6 +530,15 @@ class GRPOAdapter(TrainerAdapter):
 
     # -- probe and row ------------------------------------------------------------------------
 
+    def on_optimizer_step(self) -> None:
+        """Mark the open generation batches as stepped when this update changed the weights
+        (learning rate > 0 and not skipped by the fp16 grad scaler)."""
+        super().on_optimizer_step()
+        skipped = bool(getattr(self.trainer.accelerator, "optimizer_step_was_skipped", False))
+        if self._lr is not None and self._lr > 0 and not skipped:
+            for gen in self._gens.values():
+                gen["stepped"] = True
+
     def on_step_end(self, state: Any, control: Any) -> None:
         self.probe_records, self.probe_inputs = [], []
         with self.monitor.guard("post-update probe"):  # a CollectiveError goes through
@@ -556,7 +567,10 @@ class GRPOAdapter(TrainerAdapter):
             return
         plans: list[dict[str, Any] | None] | None = None
         with self.monitor.guard("post-update probe"):
-            plans = [self._prepare_probe(list(g["micro"].values())) for g in gens]
+            plans = [
+                self._prepare_probe(list(g["micro"].values()), g.get("stepped", False))
+                for g in gens
+            ]
         if not self.monitor.agree("post-update probe", plans is not None):
             return
         for plan in plans or []:
@@ -568,9 +582,13 @@ class GRPOAdapter(TrainerAdapter):
                 self._measure(plan, logp_new)
 
     def _prepare_probe(
-        self, micro: list[tuple[dict[str, Any], torch.Tensor]]
+        self, micro: list[tuple[dict[str, Any], torch.Tensor]], stepped: bool | None = None
     ) -> dict[str, Any] | None:
-        """The probe sample of a generation batch (rows, inputs); None for multimodal batches."""
+        """The probe sample of a generation batch (rows, inputs); None for multimodal batches.
+
+        ``stepped=False``: no update on this batch changed the weights (learning rate 0, skipped
+        steps); the monitor then leaves the probe out of the displacement columns.
+        """
         first = micro[0][0]
         if any(first.get(k) is not None for k in _MULTIMODAL_KEYS):
             if "multimodal" not in self._warned:
@@ -616,6 +634,7 @@ class GRPOAdapter(TrainerAdapter):
             if cat(KEY_REWARDS_PER_FUNC) is None
             else cat(KEY_REWARDS_PER_FUNC)[rows],  # [n, F]
             "advantages": cat("advantages")[rows],  # [n] or [n, T]
+            "stepped": stepped,
         }
 
     def _probe_forward(self, plan: dict[str, Any]) -> torch.Tensor:
@@ -658,6 +677,7 @@ class GRPOAdapter(TrainerAdapter):
             rows=rows,
             tokenizer=tok,
             completion_mask=plan["completion_mask"],  # tool feedback in, padding out
+            stepped=plan["stepped"],
         )
         self.probe_records.append(rec)
         self.probe_inputs.append((input_ids, attention))

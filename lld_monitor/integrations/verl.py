@@ -37,10 +37,16 @@ LOSS_NAME = "llds"
 #: Prefix of every metric this loss adds to verl's metric dict (verl's trainer then prefixes
 #: ``actor/``, so trackers show ``actor/lld/<column>``).
 METRIC_PREFIX = "lld/"
+#: Prefix of the displacement columns the loss measures (``lld/loss_call/delta_correct``, ...):
+#: ``log_prob - old_log_prob`` at the policy-loss call, i.e. what the earlier mini-batches and
+#: epochs of this rollout batch did, not the post-update probe's ``delta_*`` (the policy after the
+#: batch's last update, written by the driver-side monitor). Importers do not map these names.
+LOSS_CALL_PREFIX = METRIC_PREFIX + "loss_call/"
 #: Extra metrics beyond the canonical columns (``lld/`` + these).
 METRIC_LLDS_N_GATED = "llds_n_gated"  # gated actions/responses/tokens in the micro-batch
 METRIC_LLDS_ANSWER_WEIGHT = "llds_answer_weight"  # beta in force (1.0 without answer weighting)
 METRIC_LLDS_SCALE = "llds_scale"  # micro-batch -> global mini-batch weight applied to L_LLDS
+METRIC_LLDS_CONTROL_VERSION = "llds_control_version"  # the driver control's state used (or -1)
 
 _LOG = logging.getLogger(__name__)
 
@@ -120,25 +126,31 @@ def ensure_trl_compat() -> bool:
 ensure_trl_compat()
 
 __all__ = [
+    "LOSS_CALL_PREFIX",
     "LOSS_NAME",
     "METRIC_PREFIX",
     "TESTED_VERL_SERIES",
     "TRL_COMPAT_MODULE",
     "LLDSPolicyLossConfig",
     "LLDSVerlSettings",
+    "apply_control",
     "check_verl_version",
     "compute_policy_loss_llds",
     "configure",
     "ensure_trl_compat",
     "last_action_mask",
     "metric_name",
+    "read_control",
     "reset_metric_state",
     "settings_from_config",
 ]
 
 
 def metric_name(column: str) -> str:
-    """The key a canonical column gets in verl's metric dict: ``"lld/" + column``."""
+    """The key a column gets in verl's metric dict: ``"lld/" + column``; the displacement
+    columns (``columns.DISPLACEMENT_COLUMNS``) get ``"lld/loss_call/" + column``."""
+    if column in C.DISPLACEMENT_COLUMNS:
+        return LOSS_CALL_PREFIX + column
     return METRIC_PREFIX + column
 
 
@@ -184,6 +196,9 @@ class LLDSPolicyLossConfig(PolicyLossConfig):
     llds_normalize: str = "paper"
     # Optional[...], not `str | None`: OmegaConf's structured configs read the annotation
     llds_answer_weighting: Optional[str] = None  # noqa: UP045
+    # name of the driver's LLDS control (a named Ray actor, lld_monitor.integrations.verl_live):
+    # when set, its on/off and lambda override llds_enabled / llds_lambda at every loss call
+    llds_control: Optional[str] = None  # noqa: UP045
 
     def __post_init__(self) -> None:
         settings_from_config(self)  # validate early, with our messages
@@ -401,6 +416,64 @@ def _expected_rows(config: Any) -> int | None:
     return int(total) // dp_size
 
 
+# --- the driver's runtime switch ---------------------------------------------------------------
+
+_CONTROL_LOCK = threading.Lock()
+_CONTROL_HANDLES: dict[str, Any] = {}
+_CONTROL_WARNED: set[str] = set()
+
+
+def read_control(name: str) -> dict[str, Any]:
+    """The state of the named LLDS control (a Ray actor created by the driver's monitor).
+
+    One actor call per loss call: the driver sets the state before it starts an update, so the
+    whole update sees the same state. Raises when Ray is not initialised or no such actor exists.
+    """
+    import ray
+
+    with _CONTROL_LOCK:
+        handle = _CONTROL_HANDLES.get(name)
+        if handle is None:
+            if not ray.is_initialized():
+                raise RuntimeError("Ray is not initialised in this process")
+            handle = _CONTROL_HANDLES[name] = ray.get_actor(name)
+    return ray.get(handle.get.remote(), timeout=60)
+
+
+def apply_control(settings: LLDSVerlSettings, name: str) -> tuple[LLDSVerlSettings, int]:
+    """``settings`` with the control's on/off and lambda, and the control's version.
+
+    When the control cannot be read, the config's settings stay in force (logged once per name):
+    the monitor never stops a training run.
+    """
+    try:
+        state = read_control(name)
+        llds = LLDSConfig(
+            lam=float(state["lam"]),
+            gate=settings.llds.gate,
+            normalize=settings.llds.normalize,
+            answer_weighting=settings.llds.answer_weighting,
+            enabled=bool(state["enabled"]),
+        )
+    except Exception as err:
+        if name not in _CONTROL_WARNED:
+            _CONTROL_WARNED.add(name)
+            _LOG.warning(
+                "lld_monitor: cannot read the LLDS control %r (%s: %s); the policy_loss "
+                "section's llds_enabled / llds_lambda stay in force",
+                name,
+                type(err).__name__,
+                err,
+            )
+        with _CONTROL_LOCK:
+            _CONTROL_HANDLES.pop(name, None)
+        return settings, -1
+    out = LLDSVerlSettings(
+        base_loss_mode=settings.base_loss_mode, llds=llds, answer_span=settings.answer_span
+    )
+    return out, int(state["version"])
+
+
 # --- the loss -----------------------------------------------------------------------------------
 
 
@@ -420,6 +493,11 @@ def compute_policy_loss_llds(
     loss scalar and verl's metrics plus ``lld/<column>`` entries (floats, averaged by verl).
     """
     settings = settings_from_config(config)
+    control = _get(config, "policy_loss")
+    control = _get(control if control not in (_MISSING, None) else config, "llds_control")
+    version = -1
+    if control not in (_MISSING, None, ""):
+        settings, version = apply_control(settings, str(control))
     base_fn = core_algos.get_policy_loss_fn(settings.base_loss_mode)
     pg_loss, metrics = base_fn(
         old_log_prob=old_log_prob,
@@ -442,6 +520,8 @@ def compute_policy_loss_llds(
     active = cfg.enabled and cfg.lam > 0
     metrics[metric_name(C.LLDS_ENABLED)] = 1.0 if active else 0.0
     metrics[metric_name(C.LLDS_LAMBDA)] = float(cfg.lam) if active else 0.0
+    if version >= 0:
+        metrics[metric_name(METRIC_LLDS_CONTROL_VERSION)] = float(version)
     if not active:
         return pg_loss, metrics
 

@@ -355,19 +355,20 @@ def monitored_run(
     token_samples_per_step: int = 4,
     meta: dict[str, Any] | None = None,
     setup: ToySetup | None = None,
-    auto_llds_on: tuple[str, ...] = ("stagnation", "decay"),
+    auto_llds_on: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """A toy run with ``LLDMonitor`` attached, writing its run log to ``run_dir``.
 
     ``llds``: ``"off"`` (vanilla GRPO, still measured), ``"on"`` (LLDS from the first step) or
-    ``"auto"`` (the monitor switches LLDS on at an alert of a kind in ``auto_llds_on``). Also writes
+    ``"auto"`` (the monitor switches LLDS on at an alert of a kind in ``auto_llds_on``, default
+    the monitor's ``AUTO_LLDS_KINDS``). Also writes
     ``toy_summary.json`` (config, start and final accuracy, wall time) into ``run_dir``.
     ``setup`` reuses a warm-started policy (it is trained in place; pass a copy to pair runs).
     """
     import json
 
     from lld_monitor.llds import LLDSConfig
-    from lld_monitor.monitor import LLDMonitor
+    from lld_monitor.monitor import AUTO_LLDS_KINDS, LLDMonitor
 
     if llds not in LLDS_MODES:
         raise ValueError(f"llds must be one of {LLDS_MODES}, got {llds!r}")
@@ -378,7 +379,7 @@ def monitored_run(
         run_dir,
         llds=LLDSConfig(lam=lam, enabled=(llds == "on")),
         auto_llds=(llds == "auto"),
-        auto_llds_on=auto_llds_on,
+        auto_llds_on=AUTO_LLDS_KINDS if auto_llds_on is None else auto_llds_on,
         probe_fraction=1.0,
         token_samples_per_step=token_samples_per_step,
         meta={"toy_config": cfg.to_dict(), "llds_mode": llds, **(meta or {})},
