@@ -857,3 +857,30 @@ def test_zero_reward_variance_warns_once_during_the_run(tmp_path: Any) -> None:
     assert notes[C.EVENT_STEP].tolist() == [1]  # once, at the first rollout batch
     assert notes[C.EVENT_EVIDENCE].iloc[0][C.FRAC_ZERO_STD_GROUPS] == 1.0
     assert "LLDS is on" in notes[C.EVENT_MESSAGE].iloc[0]
+
+
+def test_checkpoint_state_that_is_not_json_does_not_fail_the_save(tmp_path: Any) -> None:
+    """A custom detector whose state is not JSON: the checkpoint is saved without it."""
+
+    class OddDetector:
+        phase = "healthy"
+
+        def update(self, row: Any) -> list:
+            return []
+
+        def state_dict(self) -> dict:
+            return {"buffer": torch.zeros(2)}  # not JSON
+
+    monitor = LLDMonitor(tmp_path / "run", detector=OddDetector())
+    trainer = make_grpo_trainer(tmp_path / "t", max_steps=2, save_strategy="steps", save_steps=1)
+    monitor.attach(trainer)
+    trainer.train()
+    assert (tmp_path / "t" / "checkpoint-2" / "trainer_state.json").exists()
+    events = load_run(tmp_path / "run").events
+    assert "checkpoint state" in set(events[C.EVENT_KIND])
+    resumed = LLDMonitor(tmp_path / "run", detector=OddDetector(), resume=True)
+    trainer = make_grpo_trainer(tmp_path / "t", max_steps=3, save_strategy="no")
+    resumed.attach(trainer)
+    with pytest.warns(UserWarning, match="without the monitor's state"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "t" / "checkpoint-2"))
+    assert load_run(tmp_path / "run").steps[C.STEP].tolist() == [1, 2, 3]

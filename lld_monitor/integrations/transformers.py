@@ -8,6 +8,7 @@ absent for a plain Trainer (no rollouts); the run's meta says so.
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import time
 import warnings
@@ -109,7 +110,13 @@ class LLDMonitorCallback(TrainerCallback, ExportableState):
         return not self.adapter.monitor.closed
 
     def state(self) -> dict[str, Any]:
-        return {"args": {}, "attributes": {"lld_state": self.adapter.monitor.state_dict()}}
+        """Saved in ``trainer_state.json``: must be plain JSON, and must never fail a save."""
+        lld_state = None
+        with self.adapter.monitor.guard("checkpoint state"):
+            state = self.adapter.monitor.state_dict()
+            json.dumps(state)  # e.g. a custom detector whose state is not JSON: not saved
+            lld_state = state
+        return {"args": {}, "attributes": {"lld_state": lld_state}}
 
     @property
     def lld_state(self) -> dict[str, Any]:
@@ -118,7 +125,8 @@ class LLDMonitorCallback(TrainerCallback, ExportableState):
     @lld_state.setter
     def lld_state(self, value: Mapping[str, Any]) -> None:  # transformers' own restore path
         self.adapter.callback = self
-        self.adapter.restore(value)
+        if value is not None:  # None: not saved; on_train_begin says so
+            self.adapter.restore(value)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.adapter.monitor.closed:
@@ -319,7 +327,8 @@ class TrainerAdapter:
         if self._restored:
             return
         self._restored = True
-        self.monitor.load_state_dict(lld_state)
+        with self.monitor.guard("restore monitor state"):  # e.g. other detector settings
+            self.monitor.load_state_dict(lld_state)
 
     def on_train_end(self, state: Any) -> None:
         if self._pending is not None:
