@@ -14,10 +14,11 @@ import pandas as pd
 import pytest
 
 from lld_monitor import columns as C
+from lld_monitor.charts import PANELS, PHASE_COLORS, SIGNAL_COLORS
 from lld_monitor.cli import main
 from lld_monitor.events import Alert
 from lld_monitor.importers import load_table
-from lld_monitor.report import PANELS, build_figure, write_report
+from lld_monitor.report import build_figure, write_report
 
 FIX = Path(__file__).parent / "fixtures" / "importers"
 
@@ -145,30 +146,39 @@ def test_report_figure_panels_phases_and_alerts():
             C.STEP: steps,
             C.REWARD_MEAN: np.linspace(0, 1, 120),
             C.GRAD_NORM: np.full(120, 0.5),
-            C.FRAC_CORRECT_DISPLACED: np.full(120, 0.4),
+            C.FRAC_CORRECT_DISPLACED: np.linspace(0.2, 0.6, 120),
         }
     )
     fig = build_figure(df, _standin_analysis())
     layout = fig.layout
-    # one panel per PANELS entry; the grad-norm panel has a log y axis
-    assert len([k for k in layout if k.startswith("yaxis")]) == len(PANELS)
-    grad_row = next(i for i, p in enumerate(PANELS, 1) if p[1][0][0] == C.GRAD_NORM)
+    # the phase strip + one row per PANELS entry (the dashboard's definition); grad norm log-scaled
+    assert len([k for k in layout if k.startswith("yaxis")]) == 1 + len(PANELS)
+    grad_row = 2 + next(i for i, p in enumerate(PANELS) if p.series[0][0] == C.GRAD_NORM)
     assert layout[f"yaxis{grad_row}"].type == "log"
+    # each phase shaded once, through every row, in its phase colour
     rects = [s for s in layout.shapes if s.type == "rect"]
-    assert len(rects) == 3 * len(PANELS)  # each phase shaded on every panel
-    collapse_fill = {s.fillcolor for s in rects if s.x0 == 99.5}  # steps 100-120, widened
-    assert collapse_fill == {"rgba(215, 40, 40, 0.25)"}
+    assert [(r.x0, r.x1) for r in rects] == [(1, 59), (60, 99), (100, 120)]
+    assert rects[2].fillcolor == PHASE_COLORS["collapse"]
+    # and the strip holds the phases as segments, widened by half a step so neighbours touch
+    strip = next(t for t in fig.data if t.type == "bar")
+    assert list(strip.base) == [0.5, 59.5, 99.5] and list(strip.x) == [59.0, 40.0, 21.0]
     # the 0.5 line on the share-displaced panel
-    frac_row = next(i for i, p in enumerate(PANELS, 1) if p[1][0][0] == C.FRAC_CORRECT_DISPLACED)
-    yref = "y" if frac_row == 1 else f"y{frac_row}"
-    assert any(s.type == "line" and s.y0 == 0.5 and s.yref == yref for s in layout.shapes)
-    # alerts: hoverable markers with the message, placed on the reward curve
-    markers = [t for t in fig.data if t.mode == "markers"]
-    hover = " ".join(" ".join(t.hovertext) for t in markers)
+    frac_row = 2 + next(
+        i for i, p in enumerate(PANELS) if p.series[0][0] == C.FRAC_CORRECT_DISPLACED
+    )
+    assert any(s.type == "line" and s.y0 == 0.5 and s.yref == f"y{frac_row}" for s in layout.shapes)
+    # the collapse step: a solid red line through every row
+    assert any(s.type == "line" and s.x0 == 100 and s.line.dash == "solid" for s in layout.shapes)
+    # alerts: hoverable markers on the strip with the message and kind
+    events = next(t for t in fig.data if t.name.endswith("· events"))
+    assert list(events.x) == [60.0, 100.0]
+    hover = " ".join(events.text)
     assert "logp_correct flat (-0.30)" in hover and "grad norm 12.5x" in hover
-    warn = next(t for t in markers if t.name == "warning alerts")
-    assert list(warn.x) == [60.0]
-    assert warn.y[0] == pytest.approx(df[C.REWARD_MEAN].iloc[59])
+    assert "stagnation [warning]" in hover and "collapse [critical]" in hover
+    # one run: each signal in its own colour, the same in every panel
+    reward = next(t for t in fig.data if t.name.endswith(C.REWARD_MEAN))
+    assert reward.line.color == SIGNAL_COLORS[C.REWARD_MEAN]
+    assert len(reward.x) == 120
     # panels without data say what is missing
     texts = [a.text for a in layout.annotations]
     assert any(t.startswith("not logged: " + C.LOGP_CORRECT) for t in texts)
