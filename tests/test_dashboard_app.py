@@ -456,20 +456,97 @@ def test_command_rejects_missing_paths_and_bad_port(
         build_parser().parse_args(["dashboard", "--port", "70000"])
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def test_command_warns_on_other_address(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import subprocess
+    from lld_monitor.cli import main
+    from lld_monitor.commands import dashboard as cmd
+
+    launched: list[list[str]] = []
+    monkeypatch.setattr(cmd, "serve", lambda argv: launched.append(argv) or 0)  # no server
+    port = str(_free_port())
+    assert main(["dashboard", str(tmp_path), "--host", "0.0.0.0", "--port", port]) == 0
+    assert "WARNING" in capsys.readouterr().err
+    assert launched and launched[0][launched[0].index("--server.address") + 1] == "0.0.0.0"
+    assert main(["dashboard", str(tmp_path), "--port", port]) == 0
+    assert "WARNING" not in capsys.readouterr().err
+
+
+def test_command_refuses_a_host_it_cannot_listen_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
 
     from lld_monitor.cli import main
 
-    launched: list[list[str]] = []
-    monkeypatch.setattr(subprocess, "call", lambda cmd: launched.append(cmd) or 0)
-    assert main(["dashboard", str(tmp_path), "--host", "0.0.0.0", "--port", "8600"]) == 0
-    assert "WARNING" in capsys.readouterr().err
-    assert launched and launched[0][launched[0].index("--server.address") + 1] == "0.0.0.0"
-    assert main(["dashboard", str(tmp_path)]) == 0
-    assert "WARNING" not in capsys.readouterr().err
+    assert main(["dashboard", str(tmp_path), "--host", "not_a_host"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--host 'not_a_host' is not an address" in err[0]
+    with socket.socket() as busy:  # a port someone already listens on
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["dashboard", str(tmp_path), "--port", str(port)]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_dashboard_stops_when_its_pid_gets_a_stop_signal(tmp_path: Path, sig: str) -> None:
+    import signal
+    import subprocess
+    import time
+    import urllib.request
+
+    write_run(tmp_path / "exp1", 5)
+    port = _free_port()
+    argv = [sys.executable, "-m", "lld_monitor.cli", "dashboard", str(tmp_path)]
+    # its own session: the signal reaches the CLI's PID only, as `kill PID` does
+    proc = subprocess.Popen(
+        [*argv, "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, "the dashboard exited before serving"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "no answer on /_stcore/health within 90 s"
+                time.sleep(0.3)
+        proc.send_signal(getattr(signal, sig))
+        t0 = time.monotonic()
+        assert proc.wait(timeout=15) == 0
+        while _port_open(port):  # before the fix: Streamlit, re-parented, kept serving
+            assert time.monotonic() - t0 < 5, f"port {port} still served 5 s after {sig}"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # a left-over server of a failed run
+        except ProcessLookupError:
+            pass
 
 
 @pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")
