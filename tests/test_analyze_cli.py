@@ -69,7 +69,13 @@ def test_json_is_one_object_with_exactly_the_schema_keys(name, capsys):
     out = capsys.readouterr().out
     assert out.count("\n") == 1  # exactly one JSON object on one line
     doc = json.loads(out)
-    assert set(doc) == {"phases", "alerts", "collapse_step", "signals"}
+    assert set(doc) == {
+        *("phases", "alerts", "collapse_step", "signals"),  # Analysis.to_dict()
+        *("source", "format", "rows", "first_step", "last_step"),  # what the text says too
+        *("step_source", "step_note", "notes", "unmapped_columns"),
+    }
+    assert doc["format"] == load_table(FIX / name).attrs["source_format"]
+    assert isinstance(doc["notes"], list) and doc["step_note"]
     assert set(doc["signals"]) == {"used", "missing"}
     for seg in doc["phases"]:
         assert set(seg) == {"phase", "start_step", "end_step"}
@@ -85,7 +91,9 @@ def test_json_equals_the_analysis_of_the_imported_table(tmp_path, capsys):
     path = _collapsing_csv(tmp_path / "run.csv")
     assert main(["analyze", str(path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc == json.loads(json.dumps(analyze_run(load_table(path)).to_dict()))
+    expected = json.loads(json.dumps(analyze_run(load_table(path)).to_dict()))
+    assert {k: doc[k] for k in expected} == expected
+    assert doc["rows"] == 200 and doc["step_source"] == "logged" and doc["format"] == "csv"
     # foreign logs lack the LLD columns and the analysis says so
     assert main(["analyze", str(FIX / "trainer_state.json"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -248,3 +256,46 @@ def test_unwritable_html_exit_1_one_line(tmp_path, capsys):
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("lld-monitor analyze: cannot write")
+
+
+# --- what the analysis says about its input ------------------------------------------------------
+
+
+def test_json_and_text_say_the_step_source_and_the_warmup_of_a_short_run(tmp_path, capsys):
+    _analyze_run()
+    path = tmp_path / "short.csv"
+    s = np.arange(1, 21)
+    pd.DataFrame({C.STEP: s, C.REWARD_MEAN: 0.1 + 0.01 * s, C.GRAD_NORM: 0.5}).to_csv(
+        path, index=False
+    )
+    assert main(["analyze", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [p["phase"] for p in doc["phases"]] == ["unknown"]
+    assert doc["step_source"] == "logged" and (doc["first_step"], doc["last_step"]) == (1, 20)
+    warm = [n for n in doc["notes"] if "warm-up" in n]
+    assert warm and "20 rows, steps 1-20" in warm[0] and "shorter than" in warm[0]
+    assert main(["analyze", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "note: this run (20 rows, steps 1-20) is shorter than the detector's warm-up" in out
+    assert "(logged: step from the log's own step column)" in out
+
+
+def test_dropped_cells_lines_and_fractional_steps_are_counted_in_the_notes(tmp_path, capsys):
+    _analyze_run()
+    path = tmp_path / "run.jsonl"
+    lines = [
+        json.dumps({C.STEP: s, C.REWARD_MEAN: 0.1 * s, C.GRAD_NORM: 0.5}) for s in range(1, 31)
+    ]
+    lines[9] = '{"step": 10, "reward_mean": oops'  # a garbage line in the middle
+    lines[14] = json.dumps({C.STEP: 15, C.REWARD_MEAN: "n/a?", C.GRAD_NORM: "high"})
+    lines[19] = json.dumps({C.STEP: 19.5, C.REWARD_MEAN: 2.0})  # fractional: taken as step 19
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["analyze", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    notes = "\n".join(doc["notes"])
+    assert "1 line(s) that are not JSON objects were skipped (line 10)" in notes
+    assert "2 cell(s) of known metrics were not numbers" in notes
+    assert "1 row(s) had a fractional step (e.g. 19.5): taken as its whole part" in notes
+    assert "1 row(s) repeat the step of an earlier row" in notes  # 19.5 -> 19, merged
+    # 30 lines - the garbage one - step 15 (no readable metric left) - 19.5 merged into 19
+    assert doc["rows"] == 27

@@ -277,6 +277,7 @@ def test_foreign_log_is_listed_and_shown(tmp_path: Path, monkeypatch: pytest.Mon
     text = all_text(at)
     assert "foreign log \\(trl\\_trainer\\_state\\)" in text
     assert "3 rows, last step 3" in text
+    assert "step from the log's own step column" in text  # how the importer found the steps
     spec = chart_spec(at)
     reward = next(
         d for d in spec["data"] if d.get("name") == f"trl/trainer_state.json · {C.REWARD_MEAN}"
