@@ -150,6 +150,26 @@ def render_header(live: sources.LiveRun, color: str, stale_s: float) -> None:
             st.caption(md(note))
 
 
+def render_header_compact(live: sources.LiveRun, color: str, stale_s: float) -> None:
+    """One line per run when several are compared (the charts stay in view)."""
+    h = live.header(stale_s)
+    alert = h.last_alert if len(h.last_alert) <= 90 else h.last_alert[:89] + "…"
+    badges = [STATUS_BADGE.get(h.status, md(h.status))]
+    if h.simulated:
+        badges.append(":orange-background[SIMULATED]")
+    st.markdown(
+        f'<span style="color:{color}">■</span> **{md(live.target.name)}** · '
+        + " · ".join(badges)
+        + f" · phase **{md(h.phase)}** · LLDS {md(h.llds)} · {md(h.steps_seen)}"
+        + f" · last alert: {md(alert)}",
+        unsafe_allow_html=True,
+        help=f"{h.source}; phase from {h.phase_source}; last update {h.last_update}"
+        + (f"; signals missing: {', '.join(h.signals_missing)}" if h.signals_missing else ""),
+    )
+    for note in live.notes:
+        st.caption(md(note))
+
+
 def select_range(runs: list[sources.LiveRun]) -> tuple[int, int] | None:
     """The step-range slider; the choice survives refreshes and follows the newest step."""
     firsts = [int(r.steps[C.STEP].iloc[0]) for r in runs if r.n_rows]
@@ -348,7 +368,10 @@ def main_view(args: sources.AppArgs, settings: dict[str, object]) -> None:
             continue
         status = live.status(float(settings["stale_s"]))
         live.ensure_analysis(force=force, finished=status != "live")
-        render_header(live, color, float(settings["stale_s"]))
+        if len(live_runs) > 1:
+            render_header_compact(live, color, float(settings["stale_s"]))
+        else:
+            render_header(live, color, float(settings["stale_s"]))
         readable.append(live)
     if not readable:
         return

@@ -331,7 +331,7 @@ def build_figure(
     for row, panel in enumerate(PANELS, start=2):
         yaxis = layout[f"yaxis{row}"]
         if panel.log_y:
-            yaxis["type"] = "log"
+            yaxis.update(type="log", dtick=1)  # one label per decade (minor ticks crowd a row)
         if panel.hline is not None:
             shapes.append(
                 {
@@ -377,11 +377,12 @@ def build_figure(
         shapes=shapes,
         annotations=annotations,
         height=200 * len(PANELS) + 90 + 40 * len(runs) + (40 if title else 0),
-        margin={"l": 90, "r": 10, "t": 70 if title else 30, "b": 40},
+        margin={"l": 90, "r": 10, "t": 70 if title else 40, "b": 40},
         hovermode="x unified",
         barmode="overlay",
         showlegend=not single,
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0.0, "xanchor": "left"},
+        # runs' legend top right, above the strip; the row titles are left-aligned
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 1.0, "xanchor": "right"},
         template="plotly_white",
         uirevision="lld-dashboard",  # keep zoom and legend toggles across live refreshes
     )

@@ -55,7 +55,8 @@ def _summary_html(df: pd.DataFrame, analysis: Any) -> str:
     attrs = getattr(df, "attrs", {})
     lines = [
         f"<p>source: {html.escape(str(attrs.get('source_path', '?')))} "
-        f"({html.escape(str(attrs.get('source_format', '?')))}), {len(df)} steps</p>",
+        f"({html.escape(str(attrs.get('source_format', '?')))}), {len(df)} steps; "
+        f"{html.escape(str(attrs.get('step_note') or 'step as given'))}</p>",
         f"<p>collapse: {_collapse_text(getattr(analysis, 'collapse_step', None))}</p>",
         "<p>signals used: "
         + html.escape(", ".join(getattr(analysis, "signals_used", []) or []) or "none")
@@ -63,6 +64,9 @@ def _summary_html(df: pd.DataFrame, analysis: Any) -> str:
         + html.escape(", ".join(getattr(analysis, "signals_missing", []) or []) or "none")
         + "</p>",
     ]
+    notes = [*(attrs.get("import_notes") or []), *(getattr(analysis, "notes", None) or [])]
+    if notes:
+        lines.append("<p>notes:<br>" + "<br>".join(html.escape(str(n)) for n in notes) + "</p>")
     alerts = list(getattr(analysis, "alerts", []) or [])
     if alerts:
         items = "".join(
