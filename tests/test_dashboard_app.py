@@ -780,3 +780,18 @@ def test_query_run_dot_slash_shows_that_run(
     message = next(w.value for w in at.warning if "Ignored" in w.value)
     assert "`" not in message  # escapes inside a code span would show as backslashes
     assert "nope" in message
+
+
+def test_several_updates_per_rollout_batch_draw_one_point_per_batch() -> None:
+    from lld_monitor.testing import make_run
+
+    # 4 optimizer steps per rollout batch repeat the batch's reward and logp: one point each
+    # batch (steps 0, 4, 8, ...) and the last step, not a staircase of 120 points
+    steps = make_run("collapse", n_steps=120, seed=1, rows_per_batch=4).steps
+    fig = charts.build_figure([charts.RunSeries("r", steps)], ema_weight=0.0)
+    reward = next(t for t in fig.data if t.name == f"r · {C.REWARD_MEAN}")
+    assert list(reward.x) == [*range(0, 120, 4), 119]
+    batch_first = steps[C.REWARD_MEAN].to_numpy()[::4]
+    assert list(reward.y[:-1]) == pytest.approx(batch_first.tolist())
+    entropy = next(t for t in fig.data if t.name == f"r · {C.ENTROPY}")
+    assert len(entropy.x) == 120  # a per-update signal keeps every step
