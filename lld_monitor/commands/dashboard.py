@@ -26,7 +26,9 @@ DEFAULT_PORT = 8501
 #: Seconds the server has to exit after a stop signal is passed on, before it is killed.
 STOP_GRACE_S = 10.0
 #: The signals that stop the server (Ctrl+C, ``kill PID``, a closed terminal).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)  # no SIGHUP on Windows
 
 
 def find_app() -> Path:
