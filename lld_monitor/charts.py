@@ -495,19 +495,21 @@ def _strip_traces(
 ) -> list[dict[str, Any]]:
     """The run's lane of the strip: its phases as segments, its events as markers (hover: text)."""
     out: list[dict[str, Any]] = []
-    bands = [
-        b
-        for b in run.bands
+    spans = band_spans(run.bands)
+    kept = [
+        i
+        for i, b in enumerate(run.bands)
         if step_range is None or not (b.end_step < step_range[0] or b.start_step > step_range[1])
     ]
+    bands = [run.bands[i] for i in kept]
     if bands:
         out.append(
             {
                 "type": "bar",
                 "orientation": "h",
                 "y": [index] * len(bands),
-                "base": [b.start_step - 0.5 for b in bands],
-                "x": [b.end_step - b.start_step + 1.0 for b in bands],
+                "base": [spans[i][0] for i in kept],
+                "x": [spans[i][1] - spans[i][0] for i in kept],
                 "width": 0.55,
                 "marker": {
                     "color": [PHASE_COLORS.get(b.phase, PHASE_COLORS["unknown"]) for b in bands],
@@ -563,11 +565,26 @@ def _strip_traces(
     return out
 
 
+def band_spans(bands: Sequence[Band]) -> list[tuple[float, float]]:
+    """x extents of phase segments (closed step ranges) that touch: a boundary lies halfway
+    between one segment's last step and the next one's first (sparse logs leave gaps of several
+    steps); the outer edges are widened by half a step."""
+    spans: list[tuple[float, float]] = []
+    for i, band in enumerate(bands):
+        x0 = spans[-1][1] if spans else band.start_step - 0.5
+        if i + 1 < len(bands):
+            x1 = (band.end_step + bands[i + 1].start_step) / 2.0
+        else:
+            x1 = band.end_step + 0.5
+        spans.append((x0, max(x1, x0)))
+    return spans
+
+
 def _bands(
     run: RunSeries, step_range: tuple[float, float] | None, shapes: list[dict[str, Any]]
 ) -> None:
     """Shade each phase segment across every row (one paper-high rectangle per segment)."""
-    for band in run.bands:
+    for band, (x0, x1) in zip(run.bands, band_spans(run.bands)):
         if step_range is not None and (
             band.end_step < step_range[0] or band.start_step > step_range[1]
         ):
@@ -577,8 +594,8 @@ def _bands(
                 "type": "rect",
                 "xref": "x",
                 "yref": "paper",
-                "x0": band.start_step,
-                "x1": band.end_step,
+                "x0": x0,
+                "x1": x1,
                 "y0": 0,
                 "y1": 1,
                 "fillcolor": PHASE_COLORS.get(band.phase, PHASE_COLORS["unknown"]),

@@ -165,7 +165,8 @@ def test_report_figure_panels_phases_and_alerts():
     assert layout[f"yaxis{grad_row}"].type == "log"
     # each phase shaded once, through every row, in its phase colour
     rects = [s for s in layout.shapes if s.type == "rect"]
-    assert [(r.x0, r.x1) for r in rects] == [(1, 59), (60, 99), (100, 120)]
+    # (steps 1-59, 60-99, 100-120: touching at the half steps, outer edges widened by half a step)
+    assert [(r.x0, r.x1) for r in rects] == [(0.5, 59.5), (59.5, 99.5), (99.5, 120.5)]
     assert rects[2].fillcolor == PHASE_COLORS["collapse"]
     # and the strip holds the phases as segments, widened by half a step so neighbours touch
     strip = next(t for t in fig.data if t.type == "bar")

@@ -7,6 +7,7 @@ Also the dashboard's pure helpers (decimation, EMA, token HTML, path checks) and
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import math
 import os
@@ -577,9 +578,13 @@ def test_simulated_spiral_shows_the_analyzers_phases(
     assert f"**Phase**  \n{expected.phases[-1].phase}  \n" in text
     spec = chart_spec(at)
     rects = [s for s in spec["layout"]["shapes"] if s.get("type") == "rect"]
-    assert [(r["x0"], r["x1"]) for r in rects] == [
-        (seg.start_step, seg.end_step) for seg in expected.phases
-    ]
+    # each segment shaded from halfway after the previous one's last step to halfway before the
+    # next one's first step (so that they touch), the outer edges half a step wide
+    segs = expected.phases
+    edges = [segs[0].start_step - 0.5]
+    edges += [(a.end_step + b.start_step) / 2 for a, b in itertools.pairwise(segs)]
+    edges += [segs[-1].end_step + 0.5]
+    assert [(r["x0"], r["x1"]) for r in rects] == list(itertools.pairwise(edges))
     assert [r["fillcolor"] for r in rects] == [
         charts.PHASE_COLORS[s.phase] for s in expected.phases
     ]
