@@ -33,10 +33,10 @@ from lld_monitor.testing import make_run, write_run  # noqa: E402
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync"]
 #: (run name, make_run kind, seed): the four runs compared.
 COMPARED = (
-    ("vanilla-seed1", "collapse", 1),
-    ("vanilla-seed2", "collapse", 4),
-    ("llds-seed1", "healthy", 1),
-    ("llds-seed2", "healthy", 2),
+    ("collapse-seed1", "collapse", 1),
+    ("collapse-seed4", "collapse", 4),
+    ("healthy-seed1", "healthy", 1),
+    ("healthy-seed2", "healthy", 2),
 )
 
 
@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
             browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 2300})
             shots = [
-                ("dashboard-one-run.png", "?run=vanilla-seed1", None),
+                ("dashboard-one-run.png", "?run=collapse-seed1", None),
                 (
                     "dashboard-four-runs.png",
                     "?" + "&".join(f"run={name}" for name, _, _ in COMPARED),
