@@ -393,6 +393,7 @@ def main_view(args: sources.AppArgs, settings: dict[str, object]) -> None:
             ema_weight=float(settings["ema"]),
             show_raw=bool(settings["raw"]),
             step_range=step_range,
+            clickable=True,
         )
         event = st.plotly_chart(
             fig,

@@ -77,7 +77,9 @@ DASHES: tuple[str, ...] = ("solid", "dot", "dash")
 DEFAULT_MAX_POINTS = 1000
 #: At most this many vertical event lines (critical alerts and interventions) are drawn.
 MAX_EVENT_LINES = 60
-STRIP_TITLE = "Phases and events per run (hover for messages; click a point for its tokens)"
+STRIP_TITLE = "Phases and events per run (hover for messages)"
+#: Added to the strip's title where a click opens the tokens (the dashboard, not the report).
+CLICK_HINT = "; click a point for its tokens"
 
 
 @dataclass(frozen=True)
@@ -300,12 +302,14 @@ def build_figure(
     max_points: int = DEFAULT_MAX_POINTS,
     title: str | None = None,
     collapse_steps: Sequence[float | None] = (),
+    clickable: bool = False,
 ) -> Any:
     """One figure: a phase strip (one lane per run) + ``PANELS``, x = step shared by every row.
 
     One run: per-signal colours, no legend (the panel titles name the colours), its phase bands
     shaded through every row. Several runs: per-run colours, a legend of runs, phases per lane.
-    ``collapse_steps[i]``: a solid red line at run i's collapse step (None: none). Traces, shapes
+    ``collapse_steps[i]``: a solid red line at run i's collapse step (None: none); ``clickable``:
+    the strip's title says that a click opens the tokens (the dashboard). Traces, shapes
     and annotations are assembled as plain dicts and validated once, which keeps a render cheap.
     """
     import plotly.graph_objects as go
@@ -316,6 +320,8 @@ def build_figure(
     traces: list[dict[str, Any]] = []
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = list(layout.get("annotations", []))
+    if clickable:
+        annotations[0]["text"] = STRIP_TITLE[:-1] + CLICK_HINT + ")"
     for i, panel in enumerate(PANELS, start=1):
         annotations[i]["text"] = _panel_title(panel, single)
     for i, run in enumerate(runs):

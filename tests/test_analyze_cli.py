@@ -300,3 +300,9 @@ def test_dropped_cells_lines_and_fractional_steps_are_counted_in_the_notes(tmp_p
     assert "1 row(s) repeat the step of an earlier row" in notes  # 19.5 -> 19, merged
     # 30 lines - the garbage one - step 15 (no readable metric left) - 19.5 merged into 19
     assert doc["rows"] == 27
+
+
+def test_report_strip_does_not_promise_a_click_through():
+    df = pd.DataFrame({C.STEP: [1, 2, 3], C.REWARD_MEAN: [0.1, 0.2, 0.3]})
+    titles = [a.text for a in build_figure(df, _standin_analysis()).layout.annotations]
+    assert titles[0].startswith("Phases and events") and "click" not in titles[0]
