@@ -602,7 +602,8 @@ class PhaseDetector:
         # --- feed the statistics ---------------------------------------------------------------
         if fin(rw):
             seen.add(C.REWARD_MEAN)
-            if any(j >= 2 for j in self._rw_ms.push(step, rw)):
+            closed = self._rw_ms.push(step, rw)  # ascending levels
+            if closed and closed[-1] >= 2:
                 self._rw_decline = self._reward_decline()  # re-tested as its bins close
             last = L["rw"]
             if last != last:
