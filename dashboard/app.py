@@ -91,21 +91,25 @@ def select_runs(scope: sources.Scope) -> list[sources.Target]:
     """The run multiselect; its choice survives refreshes and new runs, and goes in ``?run=``."""
     names = [t.name for t in scope.targets]
     extra: list[sources.Target] = []
+    requested_names: list[str] = []  # ?run= values as run names (./long and long are one run)
     for requested in st.query_params.get_all("run"):
         target = scope.target(requested)
         if target is None:
+            where = ", ".join(map(str, scope.roots)) or "the given paths"
             st.warning(
-                f"Ignored `?run={md(requested)}`: not a run under "
-                f"{md(', '.join(map(str, scope.roots)))}. Only runs found there can be shown."
+                f"Ignored ?run={md(requested)}: not a run under {md(where)}. "
+                "Only runs found there can be shown."
             )
-        elif target.name not in names:
+            continue
+        if target.name not in names:
             extra.append(target)
             names.append(target.name)
+        requested_names.append(target.name)
     by_name = {t.name: t for t in (*scope.targets, *extra)}
     key = "lld_runs"
     kept = st.session_state.get(f"{key}:kept")
     if kept is None:
-        from_query = [n for n in st.query_params.get_all("run") if n in by_name]
+        from_query = [n for n in dict.fromkeys(requested_names) if n in by_name]
         first = [t.name for t in scope.targets if t.kind == "run"][:1] or names[:1]
         kept = from_query or first
         st.session_state[f"{key}:kept"] = kept
@@ -144,6 +148,26 @@ def render_header(live: sources.LiveRun, color: str, stale_s: float) -> None:
             st.caption("Signals missing from this log: " + md(", ".join(h.signals_missing)))
         for note in live.notes:
             st.caption(md(note))
+
+
+def render_header_compact(live: sources.LiveRun, color: str, stale_s: float) -> None:
+    """One line per run when several are compared (the charts stay in view)."""
+    h = live.header(stale_s)
+    alert = h.last_alert if len(h.last_alert) <= 90 else h.last_alert[:89] + "…"
+    badges = [STATUS_BADGE.get(h.status, md(h.status))]
+    if h.simulated:
+        badges.append(":orange-background[SIMULATED]")
+    st.markdown(
+        f'<span style="color:{color}">■</span> **{md(live.target.name)}** · '
+        + " · ".join(badges)
+        + f" · phase **{md(h.phase)}** · LLDS {md(h.llds)} · {md(h.steps_seen)}"
+        + f" · last alert: {md(alert)}",
+        unsafe_allow_html=True,
+        help=f"{h.source}; phase from {h.phase_source}; last update {h.last_update}"
+        + (f"; signals missing: {', '.join(h.signals_missing)}" if h.signals_missing else ""),
+    )
+    for note in live.notes:
+        st.caption(md(note))
 
 
 def select_range(runs: list[sources.LiveRun]) -> tuple[int, int] | None:
@@ -234,6 +258,11 @@ def render_drilldown(runs: list[sources.LiveRun]) -> None:
     kept = st.session_state.get(f"{key}:kept")
     _restore(key, kept if kept in steps else steps[-1])  # a chosen step stays chosen
     step = st.selectbox("Step", steps[::-1], key=key, on_change=_keep, args=(key,))
+    render_step_tokens(live, int(step))
+
+
+def render_step_tokens(live: sources.LiveRun, step: int) -> None:
+    """The sampled responses of one step of a run, and their tokens coloured by change."""
     try:
         table = live.tokens(int(step))
     except (OSError, ValueError) as exc:
@@ -258,6 +287,47 @@ def render_drilldown(runs: list[sources.LiveRun]) -> None:
         st.html(tok.render_tokens_html(rows, scale))
     if len(responses) > DRILL_MAX_RESPONSES:
         st.caption(f"First {DRILL_MAX_RESPONSES} of {len(responses)} responses shown.")
+
+
+def picked_point(fig: object, event: object) -> tuple[str, float] | None:
+    """(run, step) of the point clicked in the chart (Streamlit's selection event), or None."""
+    selection = getattr(event, "selection", None) or (
+        event.get("selection") if isinstance(event, dict) else None
+    )
+    points = (selection or {}).get("points") or []
+    for point in points:
+        hit = charts.point_step(fig, point)
+        if hit is not None:
+            return hit
+    return None
+
+
+def render_click_through(
+    runs: list[sources.LiveRun], picked: tuple[str, float], fresh: bool
+) -> None:
+    """Below the chart: the token drill-down of the clicked step (nearest step with samples)."""
+    name, x = picked
+    live = next((r for r in runs if r.target.name == name), None)
+    if live is None:
+        return
+    if live.target.kind != "run":
+        st.info(f"Clicked {md(name)} at step {x:g}: a foreign log carries no token samples.")
+        return
+    try:
+        steps = live.token_steps()
+    except OSError as exc:
+        st.error(f"Cannot list token samples of {md(name)}: {md(exc)}")
+        return
+    if not steps:
+        st.info(f"Clicked {md(name)} at step {x:g}: this run has no token samples.")
+        return
+    step = min(steps, key=lambda s: (abs(s - x), s))
+    if fresh:  # a new click: the Drill-down tab shows the same run and step
+        st.session_state[f"lld_drill_step:{name}:kept"] = step
+        st.session_state["lld_drill_run"] = name
+    where = "" if step == x else f" (nearest step with token samples to step {x:g})"
+    st.subheader(f"Tokens of step {step} · {name}{where}", anchor=False)
+    render_step_tokens(live, step)
 
 
 def _num(value: object) -> str:
@@ -298,7 +368,10 @@ def main_view(args: sources.AppArgs, settings: dict[str, object]) -> None:
             continue
         status = live.status(float(settings["stale_s"]))
         live.ensure_analysis(force=force, finished=status != "live")
-        render_header(live, color, float(settings["stale_s"]))
+        if len(live_runs) > 1:
+            render_header_compact(live, color, float(settings["stale_s"]))
+        else:
+            render_header(live, color, float(settings["stale_s"]))
         readable.append(live)
     if not readable:
         return
@@ -315,15 +388,29 @@ def main_view(args: sources.AppArgs, settings: dict[str, object]) -> None:
             )
             for r in readable
         ]
-        if len(series) > 1:
-            st.caption(f"Phase bands shaded for {md(series[0].name)} (the first run selected).")
         fig = charts.build_figure(
             series,
             ema_weight=float(settings["ema"]),
             show_raw=bool(settings["raw"]),
             step_range=step_range,
+            clickable=True,
         )
-        st.plotly_chart(fig, key="lld_chart", config={"displaylogo": False})
+        event = st.plotly_chart(
+            fig,
+            key="lld_chart",
+            config={"displaylogo": False},
+            on_select="rerun",
+            selection_mode="points",
+        )
+        clicked = picked_point(fig, event)
+        fresh = clicked is not None and clicked != st.session_state.get("lld_picked")
+        if fresh:
+            st.session_state["lld_picked"] = clicked
+        picked = st.session_state.get("lld_picked")
+        if picked is not None:
+            render_click_through(readable, picked, fresh)
+        else:
+            st.caption("Click a point of the chart to see the tokens of that step here.")
     with tab_drill:
         render_drilldown(readable)
     with tab_table:

@@ -388,6 +388,11 @@ class LiveRun:
             "source_format": table.attrs.get("source_format", self.target.format),
             "unmapped_columns": list(table.attrs.get("unmapped_columns", [])),
         }
+        # how the steps were found and what the importer dropped: shown under the header
+        self.notes = (
+            [str(table.attrs.get("step_note") or "")] if table.attrs.get("step_note") else []
+        )
+        self.notes += [str(n) for n in table.attrs.get("import_notes") or []]
         before = self._store.last_step
         self._store.replace(table)
         self._frame = None

@@ -165,7 +165,9 @@ def load_table(path: str | Path) -> pd.DataFrame:
     """Load a logged run as a numeric DataFrame of canonical columns, sorted by ``step``.
 
     ``df.attrs``: ``source_format`` (a ``FORMATS`` key), ``unmapped_columns`` (foreign names not
-    mapped), ``step_source`` (where ``step`` came from), ``source_path``.
+    mapped), ``step_source`` (where ``step`` came from: ``logged``, ``progress_bar``, ``epoch``,
+    ``logging_steps`` or ``row_order``), ``step_note`` (the same as a sentence),
+    ``import_notes`` (cells, lines and rows dropped or changed, counted), ``source_path``.
     """
     path = Path(path)
     fmt, payload = _detect(path)
@@ -186,8 +188,20 @@ def load_table(path: str | Path) -> pd.DataFrame:
     df.attrs["source_format"] = fmt
     df.attrs["unmapped_columns"] = unmapped
     df.attrs["step_source"] = step_source
+    df.attrs["step_note"] = frame.attrs.get("step_note") or _STEP_NOTES.get(step_source, "")
+    df.attrs["import_notes"] = [
+        *frame.attrs.get("import_notes", []),
+        *df.attrs.get("import_notes", []),
+    ]
     df.attrs["source_path"] = str(path)
     return df
+
+
+#: ``step_source`` -> how the steps were found, for tables (console logs say more).
+_STEP_NOTES = {
+    "logged": "step from the log's own step column",
+    "row_order": "no step column: the rows are numbered 1, 2, 3, ...",
+}
 
 
 def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
@@ -210,13 +224,16 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     fn_cols = sorted(c for c in by_col if c.startswith(C.REWARD_FN_PREFIX))
     out = pd.DataFrame(index=frame.index)
     marks: pd.Series | None = pd.Series("", index=frame.index, dtype=object)
+    unreadable = 0  # cells of mapped columns that hold something other than a number
     for col in (*C.STEP_COLUMNS, *fn_cols):
         sources = [s for _, s in sorted(by_col.get(col, []), key=lambda t: t[0])]
         if not sources:
             continue
-        series = _numeric(frame[sources[0]])
-        for s in sources[1:]:
-            series = series.fillna(_numeric(frame[s]))
+        numbers = [_numeric(frame[s]) for s in sources]
+        unreadable += sum(_unreadable_cells(frame[s], n) for s, n in zip(sources, numbers))
+        series = numbers[0]
+        for other in numbers[1:]:
+            series = series.fillna(other)
         out[col] = series
         if col in _NONFINITE_CHECKED:
             lit = _literal_nonfinite(frame[sources[0]])
@@ -228,14 +245,17 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     training = [c for c in out.columns if c not in _NON_TRAINING and c != C.NONFINITE]
     if not training:
         return pd.DataFrame(columns=[C.STEP]), unmapped
+    notes = _row_notes(out, training, unreadable)
     out = out[out[training].notna().any(axis=1) & out[C.STEP].notna()]
     if out.empty:
         return pd.DataFrame(columns=list(out.columns)), unmapped
+    out, step_notes = _checked_steps(out)
     out = out.groupby(C.STEP, sort=True, as_index=False).last()
     out[C.STEP] = out[C.STEP].astype("int64")
     out = out.reset_index(drop=True)
     out[C.NONFINITE] = out[C.NONFINITE].fillna("")
     out = out[[c for c in (*C.STEP_COLUMNS, *fn_cols, C.NONFINITE) if c in out.columns]]
+    out.attrs["import_notes"] = notes + step_notes
     return out, unmapped
 
 
@@ -260,6 +280,12 @@ def _detect(path: Path) -> tuple[str, Any]:
             return _detect(state)
         if (path / "meta.json").is_file():  # a run without steps.jsonl: load_run says what is amiss
             return "lld_run", None
+        if (path / "steps.jsonl").is_file():
+            raise ImportFormatError(
+                f"{path}: holds steps.jsonl but no meta.json, so it is not a complete lld_monitor "
+                f"run folder (meta.json is written first; was it deleted or not copied?); read "
+                f"the step log alone with `lld-monitor analyze {path / 'steps.jsonl'}`"
+            )
         from lld_monitor.runlog import find_runs
 
         runs = find_runs(path)
@@ -296,9 +322,8 @@ def _detect(path: Path) -> tuple[str, Any]:
         return _csv_kind([str(c) for c in table.columns]), table
     if "step:" in text and _VERL_LINE_RE.search(_ANSI_RE.sub("", text)):
         return "verl_console", text
-    found = _find_printed_dicts(text)
-    if found:
-        return "trl_console", found
+    if _find_printed_dicts(text):
+        return "trl_console", text
     raise ImportFormatError(f"{path}: unknown format; {_EXPECTED}")
 
 
@@ -359,19 +384,24 @@ def _detect_json(text: str) -> tuple[str, Any] | None:
         return ("log_history" if text.startswith("[") else "jsonl"), doc
     if doc is not None:
         return None
-    records = []
-    for line in text.splitlines():
+    records = _Lines()
+    skipped: list[int] = []
+    for number, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
         if not line:
             continue
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
-            continue  # a torn last line or a stray print: skipped, never fatal
+            skipped.append(number)  # a torn last line or a stray print: skipped and counted
+            continue
         if isinstance(rec, dict):
             records.append(rec)
+        else:
+            skipped.append(number)
     if not records:
         return None
+    records.skipped = tuple(skipped)
     if all(_is_verl_record(r) for r in records):
         return "verl_jsonl", records
     return "jsonl", records
@@ -489,33 +519,31 @@ def _read_wandb_csv(_: Path, table: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 def _read_records(_: Path, records: Sequence[Mapping[str, Any]]) -> tuple[pd.DataFrame, str]:
     frame = _frame(records)
+    frame.attrs["import_notes"] = _skipped_lines_note(records)
     return frame, _step_source(frame)
 
 
 def _read_verl_jsonl(_: Path, records: Sequence[Mapping[str, Any]]) -> tuple[pd.DataFrame, str]:
     rows = [{**dict(r["data"]), C.STEP: r["step"]} for r in records]
-    return _frame(rows), "logged"
+    frame = _frame(rows)
+    frame.attrs["import_notes"] = _skipped_lines_note(records)
+    return frame, "logged"
 
 
 def _read_verl_console(_: Path, text: str) -> tuple[pd.DataFrame, str]:
     return _frame(parse_verl_console(text)), "logged"
 
 
-def _read_printed(_: Path, payload: str | list[Any]) -> tuple[pd.DataFrame, str]:
-    found = _find_printed_dicts(payload) if isinstance(payload, str) else payload
-    steps = [s for s, _ in found]
-    dicts = [d for _, d in found]
+def _read_printed(_: Path, text: str) -> tuple[pd.DataFrame, str]:
+    found = _printed_dicts_at(text)
     training = [
-        i for i, d in enumerate(dicts) if not _is_summary(d) and any(_is_training_key(k) for k in d)
+        (pos, d) for pos, d in found if not _is_summary(d) and any(map(_is_training_key, d))
     ]
-    train_steps = [steps[i] for i in training]
-    increasing = all(s is not None for s in train_steps) and all(
-        b > a for a, b in itertools.pairwise(train_steps)
-    )
-    rows = []
-    for n, i in enumerate(training, start=1):
-        rows.append({**dicts[i], C.STEP: train_steps[n - 1] if increasing else n})
-    return _frame(rows), ("progress_bar" if increasing else "row_order")
+    steps, source, how = console_steps(text, training)
+    rows = [{**d, C.STEP: step} for (_, d), step in zip(training, steps)]
+    frame = _frame(rows)
+    frame.attrs["step_note"] = how
+    return frame, source
 
 
 def _read_tensorboard(path: Path, _: Any) -> tuple[pd.DataFrame, str]:
@@ -564,29 +592,26 @@ _ITEM_RE = re.compile(
     r""")\s*(?=,|\})"""
 )
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-_PROGRESS_RE = re.compile(r"(?<![\d/])(\d+)/\d+ \[")
 _NUMBER_WRAPPER_RE = re.compile(r"^(?:np\.\w+|numpy\.\w+|tensor|float|int)\((.*?)(?:,.*)?\)$")
 
 
-def _find_printed_dicts(text: str) -> list[tuple[int | None, dict[str, Any]]]:
-    """Python dict reprs of metrics in ``text`` with the tqdm step printed before each (or None)."""
+def _printed_dicts_at(text: str) -> list[tuple[int, dict[str, Any]]]:
+    """Python dict reprs of metrics in ``text``, each with its offset in ``text``."""
     found: list[tuple[int, dict[str, Any]]] = []
     for m in _PRINTED_DICT_RE.finditer(text):
         items = {k: _parse_value(v) for k, v in _ITEM_RE.findall(m.group(0))}
         if items and (any(k in _LOOKUP for k in items) or _is_summary(items)):
             found.append((m.start(), items))
+    return found
+
+
+def _find_printed_dicts(text: str) -> list[tuple[int | None, dict[str, Any]]]:
+    """Python dict reprs of metrics in ``text`` with the tqdm step printed before each (or None)."""
+    found = _printed_dicts_at(text)
     if not found:
         return []
-    out: list[tuple[int | None, dict[str, Any]]] = []
-    bars = _PROGRESS_RE.finditer(text, 0, found[-1][0])
-    bar = next(bars, None)
-    last_bar: int | None = None
-    for pos, items in found:
-        while bar is not None and bar.start() < pos:
-            last_bar = int(bar.group(1))
-            bar = next(bars, None)
-        out.append((last_bar, items))
-    return out
+    steps = _bar_steps(text, [pos for pos, _ in found], None)
+    return [(step, items) for step, (_, items) in zip(steps, found)]
 
 
 def _is_summary(items: Mapping[str, Any]) -> bool:
@@ -632,6 +657,203 @@ def _unwrap_number(value: str) -> str:
     """``np.float64(0.3)`` / ``tensor(0.3)`` (pprint of numpy/torch scalars) -> ``0.3``."""
     m = _NUMBER_WRAPPER_RE.match(value)
     return m.group(1) if m else value
+
+
+# --- input checks: what was dropped or changed is counted and said ------------------------------
+
+#: Cell texts that mean "no value" (not counted as unreadable).
+_MISSING_TEXTS = frozenset({"", "nan", "none", "null", "n/a", "na", "-", "inf", "-inf", "+inf"})
+#: Steps beyond this are not optimizer steps (and lose integer precision as floats).
+MAX_STEP = 2**53
+
+
+def _unreadable_cells(raw: pd.Series, numbers: pd.Series) -> int:
+    """Cells holding something (not a missing-value text) that is not a number."""
+    lost = raw.notna().to_numpy() & numbers.isna().to_numpy()
+    if not lost.any():
+        return 0
+    texts = raw[lost].astype(str).str.strip().str.lower()
+    return int((~texts.isin(_MISSING_TEXTS)).sum())
+
+
+def _row_notes(out: pd.DataFrame, training: Sequence[str], unreadable: int) -> list[str]:
+    """Notes on cells that are not numbers and rows without a readable step."""
+    notes = []
+    if unreadable:
+        notes.append(
+            f"{unreadable} cell(s) of known metrics were not numbers and are read as missing"
+        )
+    no_step = int((out[training].notna().any(axis=1) & out[C.STEP].isna()).sum())
+    if no_step:
+        notes.append(f"{no_step} row(s) with metrics but no readable step were dropped")
+    return notes
+
+
+def _checked_steps(out: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Steps beyond ``MAX_STEP`` refused; fractional steps floored, and counted; duplicates
+    counted (``canonicalize`` merges them)."""
+    step = out[C.STEP].to_numpy(dtype=float)
+    bad = ~np.isfinite(step) | (np.abs(step) > MAX_STEP)
+    if bad.any():
+        worst = step[bad][np.argmax(np.abs(np.nan_to_num(step[bad], posinf=1e308)))]
+        raise ImportFormatError(
+            f"{int(bad.sum())} row(s) have step values such as {worst:g}, beyond 2**53: not "
+            "optimizer steps (is the step column the right one?)"
+        )
+    notes = []
+    whole = np.floor(step)
+    fractional = int((whole != step).sum())
+    if fractional:
+        example = step[whole != step][0]
+        notes.append(
+            f"{fractional} row(s) had a fractional step (e.g. {example:g}): taken as its whole part"
+        )
+        out = out.assign(**{C.STEP: whole})
+    duplicates = int(pd.Series(whole).duplicated().sum())
+    if duplicates:
+        notes.append(
+            f"{duplicates} row(s) repeat the step of an earlier row: merged into it (the last "
+            "value of each column wins)"
+        )
+    return out, notes
+
+
+class _Lines(list):  # type: ignore[type-arg]
+    """Records parsed from JSON lines, and the numbers of the lines that were not JSON objects."""
+
+    skipped: tuple[int, ...] = ()
+
+
+def _skipped_lines_note(records: Any) -> list[str]:
+    skipped = getattr(records, "skipped", ())
+    if not skipped:
+        return []
+    shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
+    return [f"{len(skipped)} line(s) that are not JSON objects were skipped (line {shown})"]
+
+
+# --- console-log steps ---------------------------------------------------------------------------
+
+_BAR_RE = re.compile(r"(?<![\d/])(\d+)/(\d+) \[")
+_TOTAL_STEPS_RE = re.compile(r"Total (?:optimization )?steps\s*=\s*([\d,]+)")
+_NUM_EPOCHS_RE = re.compile(
+    r"(?:Num Epochs\s*=\s*|num_train_epochs['\"]?\s*[=:]\s*)(\d+(?:\.\d+)?)"
+)
+_LOGGING_STEPS_RE = re.compile(r"\blogging_steps['\"]?\s*[=:]\s*(\d+)\b")
+
+#: ``step_source`` of a console log -> how its steps were found (the analysis says it).
+CONSOLE_STEP_SOURCES: dict[str, str] = {
+    "progress_bar": "the tqdm progress bar (N/TOTAL) printed before each metric dict",
+    "epoch": "each dict's epoch x steps per epoch (total steps / epochs, from the trainer banner)",
+    "logging_steps": "logging_steps from the log's configuration: dict k is step k x logging_steps",
+    "row_order": "nothing in the log says the step: the metric dicts are numbered 1, 2, 3, ...",
+}
+
+
+def console_steps(
+    text: str, training: Sequence[tuple[int, Mapping[str, Any]]]
+) -> tuple[list[int], str, str]:
+    """The training step of each printed metric dict of a console log, from what the log says.
+
+    ``training``: (offset in ``text``, dict) of the training dicts, in order. Returns (steps,
+    ``step_source``, a sentence saying how). Tried in order: the tqdm progress bar of training
+    (the bar with the most common total; bars of checkpoint loading are ignored), the dicts'
+    ``epoch`` times steps per epoch, ``logging_steps`` from a configuration line, row numbers.
+    A source is used only when it gives every dict a step and the steps strictly increase.
+    """
+    n = len(training)
+    total = _training_bar_total(text, [pos for pos, _ in training])
+    bars = _bar_steps(text, [pos for pos, _ in training], total)
+    if n and _increasing(bars):
+        return (
+            [int(b) for b in bars],
+            "progress_bar",
+            (f"step from {CONSOLE_STEP_SOURCES['progress_bar']} (N/{total})"),
+        )
+    per_epoch = _steps_per_epoch(text, total)
+    if n and per_epoch is not None:
+        epochs = [_as_float(d.get("epoch")) for _, d in training]
+        steps = [None if e is None else round(e * per_epoch) for e in epochs]
+        if _increasing(steps) and steps[0] > 0:
+            return (
+                [int(s) for s in steps],
+                "epoch",
+                (
+                    f"step from each dict's epoch x {per_epoch:g} steps per epoch "
+                    "(total steps / epochs, from the trainer banner)"
+                ),
+            )
+    every = _LOGGING_STEPS_RE.findall(text)
+    if n and every and int(every[0]) > 0:
+        k = int(every[0])
+        return (
+            [k * (i + 1) for i in range(n)],
+            "logging_steps",
+            (f"step from logging_steps = {k} in the log's configuration: dict i is step i x {k}"),
+        )
+    return list(range(1, n + 1)), "row_order", f"step: {CONSOLE_STEP_SOURCES['row_order']}"
+
+
+def _increasing(steps: Sequence[int | None]) -> bool:
+    """Every step known and strictly increasing."""
+    known = [s for s in steps if s is not None]
+    return len(known) == len(steps) and all(b > a for a, b in itertools.pairwise(known))
+
+
+def _training_bar_total(text: str, positions: Sequence[int]) -> int | None:
+    """The total of the training progress bar: the most common total among the bars that
+    precede a metric dict (checkpoint-loading bars such as ``2/2 [`` precede none or few)."""
+    if not positions:
+        return None
+    counts: dict[int, int] = {}
+    prev = 0
+    for pos in positions:
+        last = None
+        for m in _BAR_RE.finditer(text, prev, pos):
+            last = m
+        if last is not None:
+            t = int(last.group(2))
+            counts[t] = counts.get(t, 0) + 1
+        prev = pos
+    if not counts:
+        return None
+    return max(counts, key=lambda t: (counts[t], t))
+
+
+def _bar_steps(text: str, positions: Sequence[int], total: int | None) -> list[int | None]:
+    """For each offset, N of the last progress bar ``N/TOTAL [`` before it (any total if None)."""
+    out: list[int | None] = []
+    if not positions:
+        return out
+    bars = _BAR_RE.finditer(text, 0, positions[-1])
+    bar = next(bars, None)
+    last: int | None = None
+    for pos in positions:
+        while bar is not None and bar.start() < pos:
+            if total is None or int(bar.group(2)) == total:
+                last = int(bar.group(1))
+            bar = next(bars, None)
+        out.append(last)
+    return out
+
+
+def _steps_per_epoch(text: str, bar_total: int | None) -> float | None:
+    """Total optimizer steps / epochs, from the trainer's banner (or the training bar's total)."""
+    epochs = _NUM_EPOCHS_RE.search(text)
+    totals = _TOTAL_STEPS_RE.search(text)
+    total = int(totals.group(1).replace(",", "")) if totals else bar_total
+    if epochs is None or not total:
+        return None
+    n_epochs = float(epochs.group(1))
+    return total / n_epochs if n_epochs > 0 else None
+
+
+def _as_float(value: Any) -> float | None:
+    try:
+        out = float(_scalar(value))
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
 
 
 # --- helpers ------------------------------------------------------------------------------------

@@ -14,10 +14,11 @@ import pandas as pd
 import pytest
 
 from lld_monitor import columns as C
+from lld_monitor.charts import PANELS, PHASE_COLORS, SIGNAL_COLORS
 from lld_monitor.cli import main
 from lld_monitor.events import Alert
 from lld_monitor.importers import load_table
-from lld_monitor.report import PANELS, build_figure, write_report
+from lld_monitor.report import build_figure, write_report
 
 FIX = Path(__file__).parent / "fixtures" / "importers"
 
@@ -68,7 +69,13 @@ def test_json_is_one_object_with_exactly_the_schema_keys(name, capsys):
     out = capsys.readouterr().out
     assert out.count("\n") == 1  # exactly one JSON object on one line
     doc = json.loads(out)
-    assert set(doc) == {"phases", "alerts", "collapse_step", "signals"}
+    assert set(doc) == {
+        *("phases", "alerts", "collapse_step", "signals"),  # Analysis.to_dict()
+        *("source", "format", "rows", "first_step", "last_step"),  # what the text says too
+        *("step_source", "step_note", "notes", "unmapped_columns"),
+    }
+    assert doc["format"] == load_table(FIX / name).attrs["source_format"]
+    assert isinstance(doc["notes"], list) and doc["step_note"]
     assert set(doc["signals"]) == {"used", "missing"}
     for seg in doc["phases"]:
         assert set(seg) == {"phase", "start_step", "end_step"}
@@ -84,7 +91,9 @@ def test_json_equals_the_analysis_of_the_imported_table(tmp_path, capsys):
     path = _collapsing_csv(tmp_path / "run.csv")
     assert main(["analyze", str(path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc == json.loads(json.dumps(analyze_run(load_table(path)).to_dict()))
+    expected = json.loads(json.dumps(analyze_run(load_table(path)).to_dict()))
+    assert {k: doc[k] for k in expected} == expected
+    assert doc["rows"] == 200 and doc["step_source"] == "logged" and doc["format"] == "csv"
     # foreign logs lack the LLD columns and the analysis says so
     assert main(["analyze", str(FIX / "trainer_state.json"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -145,30 +154,40 @@ def test_report_figure_panels_phases_and_alerts():
             C.STEP: steps,
             C.REWARD_MEAN: np.linspace(0, 1, 120),
             C.GRAD_NORM: np.full(120, 0.5),
-            C.FRAC_CORRECT_DISPLACED: np.full(120, 0.4),
+            C.FRAC_CORRECT_DISPLACED: np.linspace(0.2, 0.6, 120),
         }
     )
     fig = build_figure(df, _standin_analysis())
     layout = fig.layout
-    # one panel per PANELS entry; the grad-norm panel has a log y axis
-    assert len([k for k in layout if k.startswith("yaxis")]) == len(PANELS)
-    grad_row = next(i for i, p in enumerate(PANELS, 1) if p[1][0][0] == C.GRAD_NORM)
+    # the phase strip + one row per PANELS entry (the dashboard's definition); grad norm log-scaled
+    assert len([k for k in layout if k.startswith("yaxis")]) == 1 + len(PANELS)
+    grad_row = 2 + next(i for i, p in enumerate(PANELS) if p.series[0][0] == C.GRAD_NORM)
     assert layout[f"yaxis{grad_row}"].type == "log"
+    # each phase shaded once, through every row, in its phase colour
     rects = [s for s in layout.shapes if s.type == "rect"]
-    assert len(rects) == 3 * len(PANELS)  # each phase shaded on every panel
-    collapse_fill = {s.fillcolor for s in rects if s.x0 == 99.5}  # steps 100-120, widened
-    assert collapse_fill == {"rgba(215, 40, 40, 0.25)"}
+    # (steps 1-59, 60-99, 100-120: touching at the half steps, outer edges widened by half a step)
+    assert [(r.x0, r.x1) for r in rects] == [(0.5, 59.5), (59.5, 99.5), (99.5, 120.5)]
+    assert rects[2].fillcolor == PHASE_COLORS["collapse"]
+    # and the strip holds the phases as segments, widened by half a step so neighbours touch
+    strip = next(t for t in fig.data if t.type == "bar")
+    assert list(strip.base) == [0.5, 59.5, 99.5] and list(strip.x) == [59.0, 40.0, 21.0]
     # the 0.5 line on the share-displaced panel
-    frac_row = next(i for i, p in enumerate(PANELS, 1) if p[1][0][0] == C.FRAC_CORRECT_DISPLACED)
-    yref = "y" if frac_row == 1 else f"y{frac_row}"
-    assert any(s.type == "line" and s.y0 == 0.5 and s.yref == yref for s in layout.shapes)
-    # alerts: hoverable markers with the message, placed on the reward curve
-    markers = [t for t in fig.data if t.mode == "markers"]
-    hover = " ".join(" ".join(t.hovertext) for t in markers)
+    frac_row = 2 + next(
+        i for i, p in enumerate(PANELS) if p.series[0][0] == C.FRAC_CORRECT_DISPLACED
+    )
+    assert any(s.type == "line" and s.y0 == 0.5 and s.yref == f"y{frac_row}" for s in layout.shapes)
+    # the collapse step: a solid red line through every row
+    assert any(s.type == "line" and s.x0 == 100 and s.line.dash == "solid" for s in layout.shapes)
+    # alerts: hoverable markers on the strip with the message and kind
+    events = next(t for t in fig.data if t.name.endswith("· events"))
+    assert list(events.x) == [60.0, 100.0]
+    hover = " ".join(events.text)
     assert "logp_correct flat (-0.30)" in hover and "grad norm 12.5x" in hover
-    warn = next(t for t in markers if t.name == "warning alerts")
-    assert list(warn.x) == [60.0]
-    assert warn.y[0] == pytest.approx(df[C.REWARD_MEAN].iloc[59])
+    assert "stagnation [warning]" in hover and "collapse [critical]" in hover
+    # one run: each signal in its own colour, the same in every panel
+    reward = next(t for t in fig.data if t.name.endswith(C.REWARD_MEAN))
+    assert reward.line.color == SIGNAL_COLORS[C.REWARD_MEAN]
+    assert len(reward.x) == 120
     # panels without data say what is missing
     texts = [a.text for a in layout.annotations]
     assert any(t.startswith("not logged: " + C.LOGP_CORRECT) for t in texts)
@@ -238,3 +257,52 @@ def test_unwritable_html_exit_1_one_line(tmp_path, capsys):
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("lld-monitor analyze: cannot write")
+
+
+# --- what the analysis says about its input ------------------------------------------------------
+
+
+def test_json_and_text_say_the_step_source_and_the_warmup_of_a_short_run(tmp_path, capsys):
+    _analyze_run()
+    path = tmp_path / "short.csv"
+    s = np.arange(1, 21)
+    pd.DataFrame({C.STEP: s, C.REWARD_MEAN: 0.1 + 0.01 * s, C.GRAD_NORM: 0.5}).to_csv(
+        path, index=False
+    )
+    assert main(["analyze", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [p["phase"] for p in doc["phases"]] == ["unknown"]
+    assert doc["step_source"] == "logged" and (doc["first_step"], doc["last_step"]) == (1, 20)
+    warm = [n for n in doc["notes"] if "warm-up" in n]
+    assert warm and "20 rows, steps 1-20" in warm[0] and "shorter than" in warm[0]
+    assert main(["analyze", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "note: this run (20 rows, steps 1-20) is shorter than the detector's warm-up" in out
+    assert "(logged: step from the log's own step column)" in out
+
+
+def test_dropped_cells_lines_and_fractional_steps_are_counted_in_the_notes(tmp_path, capsys):
+    _analyze_run()
+    path = tmp_path / "run.jsonl"
+    lines = [
+        json.dumps({C.STEP: s, C.REWARD_MEAN: 0.1 * s, C.GRAD_NORM: 0.5}) for s in range(1, 31)
+    ]
+    lines[9] = '{"step": 10, "reward_mean": oops'  # a garbage line in the middle
+    lines[14] = json.dumps({C.STEP: 15, C.REWARD_MEAN: "n/a?", C.GRAD_NORM: "high"})
+    lines[19] = json.dumps({C.STEP: 19.5, C.REWARD_MEAN: 2.0})  # fractional: taken as step 19
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["analyze", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    notes = "\n".join(doc["notes"])
+    assert "1 line(s) that are not JSON objects were skipped (line 10)" in notes
+    assert "2 cell(s) of known metrics were not numbers" in notes
+    assert "1 row(s) had a fractional step (e.g. 19.5): taken as its whole part" in notes
+    assert "1 row(s) repeat the step of an earlier row" in notes  # 19.5 -> 19, merged
+    # 30 lines - the garbage one - step 15 (no readable metric left) - 19.5 merged into 19
+    assert doc["rows"] == 27
+
+
+def test_report_strip_does_not_promise_a_click_through():
+    df = pd.DataFrame({C.STEP: [1, 2, 3], C.REWARD_MEAN: [0.1, 0.2, 0.3]})
+    titles = [a.text for a in build_figure(df, _standin_analysis()).layout.annotations]
+    assert titles[0].startswith("Phases and events") and "click" not in titles[0]

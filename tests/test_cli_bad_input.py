@@ -118,3 +118,39 @@ def test_simulate_twice_into_one_folder_gives_a_cli_hint(tmp_path, capsys):
     assert main(["simulate", str(tmp_path), "--n", "1"]) == 2
     line = _one_line_error(capsys)
     assert "already holds a run" in line and "resume=True" not in line
+
+
+def test_analyze_csv_with_steps_1e30_is_refused(tmp_path, capsys):
+    path = tmp_path / "run.csv"
+    path.write_text("step,reward_mean\n1,0.1\n1e30,0.2\n")
+    assert main(["analyze", str(path)]) == 2
+    line = _one_line_error(capsys)
+    assert "1e+30" in line and "beyond 2**53" in line
+    assert "-9223372036854775808" not in line
+
+
+def test_analyze_html_empty_name_is_refused(tmp_path, capsys):
+    path = tmp_path / "run.csv"
+    path.write_text("step,reward_mean\n1,0.1\n2,0.2\n")
+    assert main(["analyze", str(path), "--html", ""]) == 2
+    assert "--html needs a file name" in _one_line_error(capsys)
+
+
+def test_analyze_folder_with_steps_but_no_meta_says_so(tmp_path, capsys):
+    run = tmp_path / "run"
+    write_run(make_run("healthy", 60, seed=1), run)
+    (run / "meta.json").unlink()
+    assert main(["analyze", str(run)]) == 2
+    line = _one_line_error(capsys)
+    assert "steps.jsonl but no meta.json" in line and "holds no run log" not in line
+    assert main(["analyze", str(run / "steps.jsonl")]) == 0  # the hint works
+
+
+def test_dashboard_host_that_does_not_resolve_exits_2_without_a_traceback(tmp_path):
+    cmd = [sys.executable, "-m", "lld_monitor.cli", "dashboard", str(tmp_path)]
+    cmd += ["--host", "not_a_host", "--port", str(_free_port())]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not_a_host" in lines[0] and "Traceback" not in proc.stderr
+    assert "http://" not in proc.stdout

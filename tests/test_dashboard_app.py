@@ -7,6 +7,7 @@ Also the dashboard's pure helpers (decimation, EMA, token HTML, path checks) and
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import math
 import os
@@ -34,7 +35,8 @@ TIMEOUT = 60
 
 
 def step_row(s: int) -> dict[str, float]:
-    """A deterministic step row: reward rises, logp of correct responses falls slowly."""
+    """A deterministic step row: reward rises, logp of correct responses falls slowly, the grad
+    norm drifts up gently (no surge: the analysis raises a decay, no collapse, before step 50)."""
     return {
         C.STEP: s,
         C.REWARD_MEAN: 0.2 + 0.005 * s,
@@ -44,7 +46,7 @@ def step_row(s: int) -> dict[str, float]:
         C.DELTA_CORRECT: -0.01 * (s % 3),
         C.DELTA_INCORRECT: -0.02,
         C.FRAC_CORRECT_DISPLACED: 0.3 + 0.004 * s,
-        C.GRAD_NORM: 1.0 + 0.1 * s,
+        C.GRAD_NORM: 1.0 + 0.01 * s,
         C.ENTROPY: 0.8,
         C.LLDS_ENABLED: 1 if s >= 20 else 0,
         C.LLDS_LAMBDA: 0.2 if s >= 20 else 0.0,
@@ -277,13 +279,15 @@ def test_foreign_log_is_listed_and_shown(tmp_path: Path, monkeypatch: pytest.Mon
     text = all_text(at)
     assert "foreign log \\(trl\\_trainer\\_state\\)" in text
     assert "3 rows, last step 3" in text
+    assert "step from the log's own step column" in text  # how the importer found the steps
     spec = chart_spec(at)
     reward = next(
         d for d in spec["data"] if d.get("name") == f"trl/trainer_state.json · {C.REWARD_MEAN}"
     )
     assert arr(reward["x"]).tolist() == [1.0, 2.0, 3.0]
     notes = [a["text"] for a in spec["layout"]["annotations"]]
-    assert "not logged by the selected run(s)" in notes  # no LLD columns in a TRL log
+    # no LLD columns in a TRL log: the panels say which columns are missing
+    assert f"not logged: {C.DELTA_CORRECT}, {C.DELTA_INCORRECT}" in notes
     assert any("foreign logs carry none" in i.value for i in at.info)
     # the trainer saves its state again with one more step: the dashboard re-imports it
     state["log_history"].append({"step": 4, "reward": 0.5, "grad_norm": 2.5, "loss": 0.0})
@@ -455,20 +459,97 @@ def test_command_rejects_missing_paths_and_bad_port(
         build_parser().parse_args(["dashboard", "--port", "70000"])
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def test_command_warns_on_other_address(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import subprocess
+    from lld_monitor.cli import main
+    from lld_monitor.commands import dashboard as cmd
+
+    launched: list[list[str]] = []
+    monkeypatch.setattr(cmd, "serve", lambda argv: launched.append(argv) or 0)  # no server
+    port = str(_free_port())
+    assert main(["dashboard", str(tmp_path), "--host", "0.0.0.0", "--port", port]) == 0
+    assert "WARNING" in capsys.readouterr().err
+    assert launched and launched[0][launched[0].index("--server.address") + 1] == "0.0.0.0"
+    assert main(["dashboard", str(tmp_path), "--port", port]) == 0
+    assert "WARNING" not in capsys.readouterr().err
+
+
+def test_command_refuses_a_host_it_cannot_listen_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
 
     from lld_monitor.cli import main
 
-    launched: list[list[str]] = []
-    monkeypatch.setattr(subprocess, "call", lambda cmd: launched.append(cmd) or 0)
-    assert main(["dashboard", str(tmp_path), "--host", "0.0.0.0", "--port", "8600"]) == 0
-    assert "WARNING" in capsys.readouterr().err
-    assert launched and launched[0][launched[0].index("--server.address") + 1] == "0.0.0.0"
-    assert main(["dashboard", str(tmp_path)]) == 0
-    assert "WARNING" not in capsys.readouterr().err
+    assert main(["dashboard", str(tmp_path), "--host", "not_a_host"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--host 'not_a_host' is not an address" in err[0]
+    with socket.socket() as busy:  # a port someone already listens on
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["dashboard", str(tmp_path), "--port", str(port)]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_dashboard_stops_when_its_pid_gets_a_stop_signal(tmp_path: Path, sig: str) -> None:
+    import signal
+    import subprocess
+    import time
+    import urllib.request
+
+    write_run(tmp_path / "exp1", 5)
+    port = _free_port()
+    argv = [sys.executable, "-m", "lld_monitor.cli", "dashboard", str(tmp_path)]
+    # its own session: the signal reaches the CLI's PID only, as `kill PID` does
+    proc = subprocess.Popen(
+        [*argv, "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, "the dashboard exited before serving"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "no answer on /_stcore/health within 90 s"
+                time.sleep(0.3)
+        proc.send_signal(getattr(signal, sig))
+        t0 = time.monotonic()
+        assert proc.wait(timeout=15) == 0
+        while _port_open(port):  # before the fix: Streamlit, re-parented, kept serving
+            assert time.monotonic() - t0 < 5, f"port {port} still served 5 s after {sig}"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # a left-over server of a failed run
+        except ProcessLookupError:
+            pass
 
 
 @pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")
@@ -498,9 +579,13 @@ def test_simulated_spiral_shows_the_analyzers_phases(
     assert f"**Phase**  \n{expected.phases[-1].phase}  \n" in text
     spec = chart_spec(at)
     rects = [s for s in spec["layout"]["shapes"] if s.get("type") == "rect"]
-    assert [(r["x0"], r["x1"]) for r in rects] == [
-        (seg.start_step, seg.end_step) for seg in expected.phases
-    ]
+    # each segment shaded from halfway after the previous one's last step to halfway before the
+    # next one's first step (so that they touch), the outer edges half a step wide
+    segs = expected.phases
+    edges = [segs[0].start_step - 0.5]
+    edges += [(a.end_step + b.start_step) / 2 for a, b in itertools.pairwise(segs)]
+    edges += [segs[-1].end_step + 0.5]
+    assert [(r["x0"], r["x1"]) for r in rects] == list(itertools.pairwise(edges))
     assert [r["fillcolor"] for r in rects] == [
         charts.PHASE_COLORS[s.phase] for s in expected.phases
     ]
@@ -581,3 +666,138 @@ def test_sparse_column_draws_its_logged_points() -> None:
     assert list(traces[0].y) == [-1.0, -1.0, 0.5]
     reward = next(t for t in fig.data if t.name == f"r · {C.REWARD_MEAN}")
     assert len(reward.x) == 12
+
+
+# --- one chart definition: the report and the dashboard ------------------------------------------
+
+
+def probed_every_8th(n: int = 64) -> pd.DataFrame:
+    """Reward on every step; the probe's columns (logp, Delta, share displaced) on every 8th."""
+    s = np.arange(1, n + 1)
+    probed = s % 8 == 0
+    return pd.DataFrame(
+        {
+            C.STEP: s,
+            C.REWARD_MEAN: 0.2 + 0.005 * s,
+            C.LOGP_CORRECT: np.where(probed, -0.5 - 0.01 * s, np.nan),
+            C.DELTA_CORRECT: np.where(probed, -0.02 * s, np.nan),
+            C.FRAC_CORRECT_DISPLACED: np.where(probed, 0.3 + 0.004 * s, np.nan),
+        }
+    )
+
+
+PROBE_COLUMNS = (C.LOGP_CORRECT, C.DELTA_CORRECT, C.FRAC_CORRECT_DISPLACED)
+
+
+def plotly_data_in_html(page: str) -> list[dict]:
+    """The traces that ``Plotly.newPlot(id, data, layout)`` in a written HTML page draws."""
+    at = page.index("Plotly.newPlot(")
+    at = page.index(",", at) + 1  # past the div id
+    data, _ = json.JSONDecoder().raw_decode(page[at:].lstrip())
+    return data
+
+
+def test_probe_columns_on_every_8th_step_hold_points_in_report_and_dashboard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.report import write_report
+
+    df = probed_every_8th()
+    expected_x = [8.0, 16.0, 24.0, 32.0, 40.0, 48.0, 56.0, 64.0]
+    # the report: the HTML file as written
+    page = write_report(df, analyze_run(df), tmp_path / "r.html").read_text(encoding="utf-8")
+    data = plotly_data_in_html(page)
+    for col in PROBE_COLUMNS:
+        trace = next(d for d in data if d.get("name", "").endswith(f"· {col}"))
+        assert arr(trace["x"]).tolist() == expected_x, col
+        assert np.isfinite(arr(trace["y"])).all()
+        assert "lines" in trace["mode"]
+    logp = next(d for d in data if d["name"].endswith(f"· {C.LOGP_CORRECT}"))
+    assert arr(logp["y"]).tolist() == pytest.approx([-0.5 - 0.01 * x for x in expected_x])
+    # the dashboard: the same run as a run folder, the chart's spec as the page receives it
+    w = RunWriter(tmp_path / "runs" / "probed")
+    for rec in df.to_dict("records"):
+        w.log_step({k: v for k, v in rec.items() if not (isinstance(v, float) and math.isnan(v))})
+    w.close()
+    at = make_app(monkeypatch, tmp_path / "runs").run()
+    assert not at.exception
+    spec = chart_spec(at)
+    for col in PROBE_COLUMNS:
+        raw = next(d for d in spec["data"] if d.get("name") == f"probed · {col} (raw)")
+        assert arr(raw["x"]).tolist() == expected_x, col
+        assert np.isfinite(arr(raw["y"])).all()
+
+
+def test_one_run_colours_signals_several_runs_colour_runs() -> None:
+    df = probed_every_8th(16)
+    one = charts.build_figure([charts.RunSeries("a", df)], ema_weight=0.0)
+    colours = {t.name: t.line.color for t in one.data if t.type == "scatter" and t.line.color}
+    assert colours["a · logp_correct"] == colours["a · delta_correct"] == "#138a7e"
+    assert colours["a · reward_mean"] != colours["a · logp_correct"]
+    assert not one.layout.showlegend  # the panel titles name the colours
+    bands = (charts.Band("healthy", 1, 8), charts.Band("decay", 9, 16))
+    two = charts.build_figure(
+        [charts.RunSeries("a", df, bands), charts.RunSeries("b", df, bands[:1])], ema_weight=0.0
+    )
+    by_run = {t.name: t.line.color for t in two.data if t.type == "scatter" and t.line.color}
+    assert by_run["a · reward_mean"] == by_run["a · logp_correct"] == charts.RUN_COLORS[0]
+    assert by_run["b · reward_mean"] == charts.RUN_COLORS[1]
+    assert two.layout.showlegend
+    assert [t.name for t in two.data if t.showlegend is not False] == ["a", "b"]  # runs only
+    # each run's phases on its own lane of the strip; no shading that belongs to one run only
+    lanes = {t.name: (list(t.y), list(t.base)) for t in two.data if t.type == "bar"}
+    assert lanes == {"a · phases": ([0, 0], [0.5, 8.5]), "b · phases": ([1], [0.5])}
+    assert not [s for s in two.layout.shapes if s.type == "rect"]
+
+
+def test_value_repeated_on_consecutive_steps_is_drawn_once() -> None:
+    # steps 1-4 copy one rollout batch's value, then 5-8 the next: a staircase becomes a ramp
+    x = np.arange(1.0, 9.0)
+    y = np.array([1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0])
+    xs, ys = charts.logged_points(x, y)
+    assert xs.tolist() == [1.0, 5.0, 8.0] and ys.tolist() == [1.0, 2.0, 2.0]
+    # the same value at steps 4 and 8 (probe every 4th step) is two measurements: both kept
+    xs, ys = charts.logged_points(np.array([4.0, 8.0, 12.0]), np.array([-1.0, -1.0, 0.5]))
+    assert xs.tolist() == [4.0, 8.0, 12.0]
+
+
+def test_any_alert_kind_is_a_marker_and_a_point_maps_back_to_its_run() -> None:
+    df = probed_every_8th(16)
+    marks = (charts.Marker(9, "alert", "kl_blowup", "critical", "KL 40x its median", "analyzer"),)
+    fig = charts.build_figure([charts.RunSeries("a", df, (), marks)], ema_weight=0.0)
+    events = next(t for t in fig.data if t.name == "a · events")
+    assert list(events.x) == [9] and "kl_blowup [critical]" in events.text[0]
+    reward = next(i for i, t in enumerate(fig.data) if t.name == "a · reward_mean")
+    assert charts.point_step(fig, {"curve_number": reward, "x": 12}) == ("a", 12.0)
+    assert charts.point_step(fig, {"curve_number": 999, "x": 12}) is None
+
+
+def test_query_run_dot_slash_shows_that_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_run(tmp_path / "short", 5)
+    write_run(tmp_path / "long", 12)
+    at = make_app(monkeypatch, tmp_path, query="./long").run()
+    assert not at.exception and not at.warning
+    assert at.multiselect[0].value == ["long"]
+    assert "12 rows, last step 11" in all_text(at)
+    at = make_app(monkeypatch, tmp_path, query="../nope_run").run()
+    message = next(w.value for w in at.warning if "Ignored" in w.value)
+    assert "`" not in message  # escapes inside a code span would show as backslashes
+    assert "nope" in message
+
+
+def test_several_updates_per_rollout_batch_draw_one_point_per_batch() -> None:
+    from lld_monitor.testing import make_run
+
+    # 4 optimizer steps per rollout batch repeat the batch's reward and logp: one point each
+    # batch (steps 0, 4, 8, ...) and the last step, not a staircase of 120 points
+    steps = make_run("collapse", n_steps=120, seed=1, rows_per_batch=4).steps
+    fig = charts.build_figure([charts.RunSeries("r", steps)], ema_weight=0.0)
+    reward = next(t for t in fig.data if t.name == f"r · {C.REWARD_MEAN}")
+    assert list(reward.x) == [*range(0, 120, 4), 119]
+    batch_first = steps[C.REWARD_MEAN].to_numpy()[::4]
+    assert list(reward.y[:-1]) == pytest.approx(batch_first.tolist())
+    entropy = next(t for t in fig.data if t.name == f"r · {C.ENTROPY}")
+    assert len(entropy.x) == 120  # a per-update signal keeps every step

@@ -38,6 +38,16 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+#: Page coordinates of the point of trace ``name`` at step ``x`` (plotly's axis mappings).
+CLICK_TARGET_JS = """(g, [name, x]) => {
+  const t = g._fullData.find(d => d.name === name);
+  const xs = Array.from(t.x), ys = Array.from(t.y);
+  const i = xs.indexOf(x);
+  const xa = g._fullLayout[t.xaxis.replace('x', 'xaxis')];
+  const ya = g._fullLayout[t.yaxis.replace('y', 'yaxis')];
+  const box = g.getBoundingClientRect();
+  return [box.left + xa._offset + xa.l2p(xs[i]), box.top + ya._offset + ya.l2p(ys[i])];
+}"""
 #: A token whose text would run script if it were inserted as markup.
 EVIL = '<img src=x onerror="window.__lld_pwned=1">'
 
@@ -168,15 +178,87 @@ def test_dashboard_in_chromium(server: str, live_run: tuple[Path, RunWriter]) ->
             )
             page.screenshot(path=str(ARTIFACTS / "dashboard-charts.png"), full_page=True)
 
-            # drill-down: the tokens of step 20, coloured, with tool feedback as plain text
+            # click-through: a click on the reward curve at step 20 opens that step's tokens
+            page.get_by_text("Click a point of the chart").wait_for(timeout=30_000)
+            x, y = plot.evaluate(CLICK_TARGET_JS, [f"exp1 · {C.REWARD_MEAN} (raw)", 20])
+            page.mouse.move(x, y)
+            page.mouse.click(x, y)
+            page.get_by_text("Tokens of step 20 · exp1").wait_for(timeout=30_000)
+            page.locator(".lld-tok").first.wait_for(timeout=30_000)
+            assert page.locator(".lld-tok").all_inner_texts()[:2] == ["<search>", "capital"]
+            page.screenshot(path=str(ARTIFACTS / "dashboard-click-through.png"), full_page=True)
+
+            # the Drill-down tab (the chart's tokens hide with their tab): step 20, coloured,
+            # tool feedback as plain text
             page.get_by_role("tab", name="Drill-down").click()
-            token = page.locator(".lld-tok").first
+            token = page.locator(".lld-tok:visible").first
             token.wait_for(timeout=30_000)
-            texts = page.locator(".lld-tok").all_inner_texts()
+            texts = page.locator(".lld-tok:visible").all_inner_texts()
             assert texts[:2] == ["<search>", "capital"]
             assert EVIL in texts  # shown as text
             assert page.evaluate("() => window.__lld_pwned === undefined")
-            assert page.locator(".lld-action").count() == 2
+            assert page.locator(".lld-action:visible").count() == 2
             page.screenshot(path=str(ARTIFACTS / "dashboard-drilldown.png"), full_page=True)
+        finally:
+            browser.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (make browser)")
+def test_report_page_draws_sparse_probe_columns_in_chromium(tmp_path: Path) -> None:
+    import numpy as np
+    import pandas as pd
+
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.report import write_report
+
+    s = np.arange(1, 65)
+    probed = s % 8 == 0  # the probe's columns exist on every 8th step only
+    df = pd.DataFrame(
+        {
+            C.STEP: s,
+            C.REWARD_MEAN: 0.2 + 0.005 * s,
+            C.LOGP_CORRECT: np.where(probed, -0.5 - 0.01 * s, np.nan),
+            C.DELTA_CORRECT: np.where(probed, -0.02 * s, np.nan),
+            C.FRAC_CORRECT_DISPLACED: np.where(probed, 0.3 + 0.004 * s, np.nan),
+        }
+    )
+    out = write_report(df, analyze_run(df), tmp_path / "report.html")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            page.goto(out.as_uri(), wait_until="load")
+            page.wait_for_function(
+                "() => { const g = document.querySelector('.js-plotly-plot');"
+                " return g && g._fullData && g._fullData.length > 0; }",
+                timeout=60_000,
+            )
+            for col in (C.LOGP_CORRECT, C.DELTA_CORRECT, C.FRAC_CORRECT_DISPLACED):
+                drawn = page.evaluate(
+                    """(suffix) => {
+                      const g = document.querySelector('.js-plotly-plot');
+                      const i = g._fullData.findIndex(d => d.name.endsWith(suffix));
+                      const t = g._fullData[i];
+                      // what plotly drew for the trace: its line and its point markers
+                      const layer = g.querySelectorAll('.scatterlayer .trace')[
+                        g.calcdata.findIndex(c => c[0].trace.index === i)
+                      ];
+                      const line = layer.querySelector('path.js-line');
+                      return [
+                        Array.from(t.x),
+                        line ? line.getAttribute('d') : '',
+                        layer.querySelectorAll('.points path').length,
+                      ];
+                    }""",
+                    f"· {col}",
+                )
+                xs, d, n_points = drawn
+                assert xs == [8, 16, 24, 32, 40, 48, 56, 64], col
+                assert n_points == 8, col  # every logged point drawn
+                # joined by one line from the first to the last point (a NaN-broken line of
+                # isolated points draws no segment at all)
+                assert d.startswith("M") and "L" in d, (col, d)
+            page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
         finally:
             browser.close()

@@ -573,3 +573,109 @@ def test_detect_format_of_large_files_from_their_head(tmp_path):
     junk.write_text("nothing to see here\n" * 60_000)
     with pytest.raises(ImportFormatError, match="first MiB"):
         detect_format(junk)
+
+
+# --- console logs: real training steps ------------------------------------------------------------
+
+REAL = Path(__file__).resolve().parent.parent.parent / "shared" / "real_runs"
+REAL = REAL if REAL.is_dir() else Path("/work/shared/real_runs")
+
+
+def _dicts(*rows: str) -> str:
+    return "\n".join(rows) + "\n"
+
+
+def test_console_steps_ignore_a_checkpoint_bar_right_before_a_dict(tmp_path):
+    # the shard-loading bar "2/2 [" is the last bar before the first dict: the training bar
+    # (total 100, the one most dicts follow) gives the steps, not it
+    path = tmp_path / "train.log"
+    path.write_text(
+        _dicts(
+            "  5%|5         | 5/100 [00:10<03:10,  2.0s/it]",
+            "Loading checkpoint shards: 100%|##########| 2/2 [00:01<00:00,  1.9it/s]",
+            "{'loss': 0.1, 'reward': 0.2, 'epoch': 0.05}",
+            " 10%|#         | 10/100 [00:20<03:00,  2.0s/it]",
+            "{'loss': 0.2, 'reward': 0.3, 'epoch': 0.1}",
+            " 15%|#5        | 15/100 [00:30<02:50,  2.0s/it]",
+            "{'loss': 0.3, 'reward': 0.4, 'epoch': 0.15}",
+        )
+    )
+    df = load_table(path)
+    assert df.attrs["step_source"] == "progress_bar"
+    assert list(df[C.STEP]) == [5, 10, 15]
+    assert "N/100" in df.attrs["step_note"]
+
+
+def test_console_steps_from_epoch_and_the_trainer_banner(tmp_path):
+    # no progress bar (a log without stderr): epoch x (total steps / epochs) = 0.125 x 40 = 5
+    path = tmp_path / "train.log"
+    path.write_text(
+        _dicts(
+            "   \\\\   /|    Num examples = 300 | Num Epochs = 2 | Total steps = 80",
+            "{'loss': 0.1, 'reward': '0.2', 'epoch': '0.125'}",
+            "{'loss': 0.2, 'reward': '0.3', 'epoch': '0.25'}",
+            "{'loss': 0.3, 'reward': '0.5', 'epoch': '0.375'}",
+        )
+    )
+    df = load_table(path)
+    assert df.attrs["step_source"] == "epoch"
+    assert list(df[C.STEP]) == [5, 10, 15]
+    _close(_col(df, C.REWARD_MEAN), [0.2, 0.3, 0.5])  # values stored as strings
+    assert "40 steps per epoch" in df.attrs["step_note"]
+
+
+def test_console_steps_from_logging_steps_in_a_config_line(tmp_path):
+    path = tmp_path / "train.log"
+    path.write_text(
+        _dicts(
+            "GRPOConfig(output_dir='out', logging_steps=5, learning_rate=1e-06)",
+            "{'loss': 0.1, 'reward': 0.2}",
+            "{'loss': 0.2, 'reward': 0.3}",
+            "{'loss': 0.3, 'reward': 0.4}",
+        )
+    )
+    df = load_table(path)
+    assert df.attrs["step_source"] == "logging_steps"
+    assert list(df[C.STEP]) == [5, 10, 15]
+    assert "logging_steps = 5" in df.attrs["step_note"]
+
+
+def test_plain_json_list_of_step_dicts_with_string_values(tmp_path):
+    path = tmp_path / "metrics.json"
+    rows = [{"step": 2 * i, "reward": f"{0.1 * i:.2f}", "grad_norm": "0.5"} for i in range(1, 4)]
+    path.write_text(json.dumps(rows))
+    df = load_table(path)
+    assert list(df[C.STEP]) == [2, 4, 6] and df.attrs["step_source"] == "logged"
+    _close(_col(df, C.REWARD_MEAN), [0.1, 0.2, 0.3])
+    assert df.attrs["import_notes"] == []
+
+
+CONSOLE_LOGS = sorted(
+    p
+    for p in (REAL.glob("*") if REAL.is_dir() else [])
+    if p.suffix in (".log", ".md") and p.name != "README.md"
+)
+
+
+@pytest.mark.skipif(not CONSOLE_LOGS, reason="../shared/real_runs not present")
+@pytest.mark.parametrize("path", CONSOLE_LOGS, ids=lambda p: p.name[:40])
+def test_every_real_console_log_gets_real_training_steps(path):
+    from lld_monitor.importers import _printed_dicts_at, _steps_per_epoch, _training_bar_total
+
+    df = load_table(path)
+    assert df.attrs["source_format"] in ("trl_console", "notebook_log")
+    assert df.attrs["step_source"] != "row_order", df.attrs["step_note"]
+    steps = df[C.STEP].to_numpy()
+    assert (np.diff(steps) > 0).all() and steps[0] > 1  # logged every few steps, not 1, 2, 3
+    # cross-check against a second source the log holds: epoch x steps per epoch
+    from lld_monitor.importers import _detect
+
+    _, text = _detect(path)
+    found = [d for _, d in _printed_dicts_at(text) if "epoch" in d and "loss" in d]
+    per_epoch = _steps_per_epoch(text, _training_bar_total(text, [0]))
+    if per_epoch is not None:
+        epochs = np.array([float(d["epoch"]) for d in found[: len(steps)]])
+        assert np.abs(steps / per_epoch - epochs).max() < 0.002
+    else:  # the bar's total is the run's length: every step lies within it
+        total = _training_bar_total(text, [pos for pos, _ in _printed_dicts_at(text)])
+        assert total is not None and steps[-1] <= total

@@ -360,9 +360,7 @@ class PhaseDetector:
         self._last_step_prev = _NAN
         self._phase = "unknown"
         self._seen: set[str] = set()
-        self._lp_win = _RollingOLS(cfg.window_steps, cfg.min_window_rows)
         self._lp_short = _RollingOLS(cfg.short_steps, cfg.min_short_rows)
-        self._rw_win = _RollingOLS(cfg.window_steps, cfg.min_window_rows)
         self._lp_ms = MultiScaleTrend(
             cfg.trend_base_steps, cfg.trend_bins, cfg.trend_levels, cfg.trend_alpha
         )
@@ -458,7 +456,7 @@ class PhaseDetector:
 
     def state_dict(self) -> dict[str, Any]:
         """The full running state as plain JSON (no NaN: encoded as null)."""
-        ols = ("_lp_win", "_lp_short", "_rw_win")
+        ols = ("_lp_short",)
         return {
             "version": 1,
             "params": asdict(self.config),
@@ -604,9 +602,8 @@ class PhaseDetector:
         # --- feed the statistics ---------------------------------------------------------------
         if fin(rw):
             seen.add(C.REWARD_MEAN)
-            if rw != self._rw_ms._last_value:  # a rollout batch's repeat is not new data
-                self._rw_win.push(step, rw)
-            if any(j >= 2 for j in self._rw_ms.push(step, rw)):
+            closed = self._rw_ms.push(step, rw)  # ascending levels
+            if closed and closed[-1] >= 2:
                 self._rw_decline = self._reward_decline()  # re-tested as its bins close
             last = L["rw"]
             if last != last:
@@ -625,8 +622,7 @@ class PhaseDetector:
                 self._rw_trough = self._rw_min
         if fin(lp):
             seen.add(C.LOGP_CORRECT)
-            if lp != self._lp_ms._last_value:
-                self._lp_win.push(step, lp)
+            if lp != self._lp_ms._last_value:  # a rollout batch's repeat is not new data
                 self._lp_short.push(step, lp)
             closed = self._lp_ms.push(step, lp)
             if closed:
@@ -959,8 +955,9 @@ class PhaseDetector:
         fd_high = self._ema[_FD_F] >= cfg.displaced_frac
         if n_corro + fd_high == 0:
             return 0  # (the fits below are only needed with a corroborating signal)
-        if len(self._lp_win.buf) >= cfg.min_window_rows and C.LOGP_CORRECT in self._seen:
-            if len(self._lp_short.buf) >= cfg.min_short_rows and self._lp_win.fit()[0] < 0.0:
+        lp1 = self._lp_ms.fit(1) if C.LOGP_CORRECT in self._seen else None  # ~60-step window
+        if lp1 is not None and lp1.slope < 0.0:
+            if len(self._lp_short.buf) >= cfg.min_short_rows:
                 _, st, _, s0, s1 = self._lp_short.fit()
                 # sharp: t, at least collapse_drop, and noise_k standard errors of a fitted
                 # change over these n points (equally spaced: sd * sqrt(12 (n-1) / (n (n+1))))
@@ -969,7 +966,8 @@ class PhaseDetector:
                 if st <= -cfg.trend_t and (s0 - s1) >= max(cfg.collapse_drop, cfg.noise_k * se):
                     return 3  # a sharp drop with a corroborating signal
         if n_corro >= 2:
-            _, rt, _, r0, r1 = self._rw_win.fit()
+            rw1 = self._rw_ms.fit(1)
+            rt, r0, r1 = (rw1.t, rw1.first, rw1.last) if rw1 is not None else (_NAN,) * 3
             # rising to new highs (a recovery from a dip is not learning)
             reward_rising = (
                 rt >= cfg.trend_t
@@ -984,7 +982,8 @@ class PhaseDetector:
         """The numbers behind the current windows (computed only when an alert fires)."""
         cfg = self.config
         g_ratio, h_ratio, kl_ratio, fall = self._ratios()
-        _, rt, _, r0, r1 = self._rw_win.fit()
+        rw1 = self._rw_ms.fit(1)
+        rt, r0, r1 = (rw1.t, rw1.first, rw1.last) if rw1 is not None else (_NAN,) * 3
         E = self._ema
         ev: dict[str, Any] = {
             "reward_start": r0,
@@ -1002,8 +1001,9 @@ class PhaseDetector:
             "entropy_rise": h_ratio >= cfg.entropy_rise_ratio,
             "reward_fall": fall >= cfg.reward_fall_frac,
         }
-        if C.LOGP_CORRECT in self._seen and len(self._lp_win.buf) >= 3:
-            slope, t, span, l0, l1 = self._lp_win.fit()
+        lp1 = self._lp_ms.fit(1) if C.LOGP_CORRECT in self._seen else None
+        if lp1 is not None and len(self._lp_short.buf) >= 3:
+            slope, t, span, l0, l1 = lp1.slope, lp1.t, lp1.span, lp1.first, lp1.last
             _, _, sspan, s0, s1 = self._lp_short.fit()
             ev.update(
                 logp_change=l1 - l0,

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 _NAN = float("nan")
 _RHO_MEMORY = 0.005  # EMA weight of the noise-autocorrelation estimate (~200 observations)
+_RHO_WARM = int(1.0 / _RHO_MEMORY)  # before this many, a plain running mean
 _NONE_CLOSED: list[int] = []  # shared, never mutated: no level closed
 _SLOPE_MEMORY = 0.2  # EMA weight of the local slope removed from the differences
 
@@ -119,28 +120,30 @@ class MultiScaleTrend:
     def push(self, step: float, value: float) -> list[int]:
         """Add one observation; a value equal to the previous one (a rollout batch's value on
         each of its rows) is dropped. Returns the levels whose bins closed (ascending)."""
-        if value == self._last_value or value != value:
-            return _NONE_CLOSED
         last = self._last_value
+        if value == last or value != value:
+            return _NONE_CLOSED
+        n = self._n_obs
         if last == last:
             # d centred on a short causal mean of d: a trend's slope (and its slow changes)
             # would otherwise read as autocorrelated noise
             raw = value - last
-            if self._n_obs == 1:
+            if n == 1:
                 self._d1 = raw
             d = raw - self._d1
             self._d1 += _SLOPE_MEMORY * (raw - self._d1)
-            w = max(1.0 / (self._n_obs + 1), _RHO_MEMORY)
+            w = _RHO_MEMORY if n >= _RHO_WARM else 1.0 / (n + 1)
             ld = self._last_diff
             if ld == ld:
                 self._dd += w * (d * ld - self._dd)
             self._d2 += w * (d * d - self._d2)
             self._last_diff = d
-        self._n_obs += 1
+        self._n_obs = n + 1
         self._last_value = value
-        if self._origin != self._origin:
-            self._origin = step
-        idx = float(math.floor((step - self._origin) / self.base_steps))
+        origin = self._origin
+        if origin != origin:
+            self._origin = origin = step
+        idx = (step - origin) // self.base_steps
         op = self._open[0]
         if op[0] == idx:  # the common case: the finest open bin takes it, nothing closes
             op[1] += 1.0

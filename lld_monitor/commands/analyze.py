@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from lld_monitor import columns as C
@@ -29,7 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load, analyse, print. Exit 2: unreadable or unknown file; 1: cannot analyse or write."""
+    """Load, analyse, print. Exit 2: unreadable or unknown file, bad option; 1: cannot analyse
+    or write."""
+    if args.html is not None and not args.html.strip():
+        print("lld-monitor analyze: --html needs a file name (got an empty one)", file=sys.stderr)
+        return 2
     try:
         df = load_table(args.path)
     except ImportFormatError as exc:
@@ -58,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         print(f"lld-monitor analyze: wrote {out}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
-        print(json.dumps(analysis.to_dict()))
+        print(json.dumps(json_result(df, analysis)))
     else:
         print(summary_text(df, analysis))
     return 0
@@ -71,7 +76,7 @@ def summary_text(df: pd.DataFrame, analysis: Any) -> str:
         f"source:   {df.attrs.get('source_path', '?')}",
         f"format:   {fmt} ({FORMATS.get(fmt, 'unknown')})",
         f"steps:    {len(df)} rows, step {int(df[C.STEP].iloc[0])} to {int(df[C.STEP].iloc[-1])}"
-        f" (step from {df.attrs.get('step_source', '?')})",
+        f" ({df.attrs.get('step_source', '?')}: {df.attrs.get('step_note') or '?'})",
         "phases:",
     ]
     phases = list(analysis.phases)
@@ -87,7 +92,7 @@ def summary_text(df: pd.DataFrame, analysis: Any) -> str:
     lines.append(f"collapse: {'none detected' if collapse is None else f'step {collapse}'}")
     lines.append(f"signals used:    {', '.join(analysis.signals_used) or 'none'}")
     lines.append(f"signals missing: {', '.join(analysis.signals_missing) or 'none'}")
-    for note in getattr(analysis, "notes", None) or []:
+    for note in all_notes(df, analysis):
         lines.append(f"  note: {note}")
     unmapped = df.attrs.get("unmapped_columns") or []
     if unmapped:
@@ -96,6 +101,61 @@ def summary_text(df: pd.DataFrame, analysis: Any) -> str:
         )
         lines.append(f"not used (no canonical name): {shown}")
     return "\n".join(lines)
+
+
+def json_result(df: pd.DataFrame, analysis: Any) -> dict[str, Any]:
+    """The ``--json`` object: the analysis plus what the text says about the input."""
+    return {
+        **analysis.to_dict(),
+        "source": str(df.attrs.get("source_path", "")),
+        "format": df.attrs.get("source_format"),
+        "rows": len(df),
+        "first_step": int(df[C.STEP].iloc[0]) if len(df) else None,
+        "last_step": int(df[C.STEP].iloc[-1]) if len(df) else None,
+        "step_source": df.attrs.get("step_source"),
+        "step_note": df.attrs.get("step_note"),
+        "notes": all_notes(df, analysis),
+        "unmapped_columns": list(df.attrs.get("unmapped_columns") or []),
+    }
+
+
+def all_notes(df: pd.DataFrame, analysis: Any) -> list[str]:
+    """The importer's notes (what was dropped or changed), a warm-up note, the analyzer's notes."""
+    notes = list(df.attrs.get("import_notes") or [])
+    warm = warmup_note(analysis, df)
+    if warm:
+        notes.append(warm)
+    return notes + list(getattr(analysis, "notes", None) or [])
+
+
+def warmup_note(analysis: Any, df: pd.DataFrame) -> str | None:
+    """What a leading 'unknown' phase means when the detector's warm-up explains it, else None."""
+    phases = list(getattr(analysis, "phases", None) or [])
+    if not phases or phases[0].phase != "unknown" or df.empty:
+        return None
+    from lld_monitor.analysis.detector import DetectorConfig
+
+    cfg = DetectorConfig()
+    steps = df[C.STEP].to_numpy()
+    rows = np.arange(1, len(steps) + 1)
+    warm = np.flatnonzero((steps - steps[0] >= cfg.warmup_steps) & (rows >= cfg.warmup_rows))
+    rule = f"{cfg.warmup_steps} steps and {cfg.warmup_rows} rows"
+    seg = phases[0]
+    if not warm.size:
+        return (
+            f"this run ({len(df)} rows, steps {steps[0]}-{steps[-1]}) is shorter than the "
+            f"detector's warm-up ({rule}): 'unknown' means too little history, not a problem"
+        )
+    end = int(steps[warm[0]])  # the first step the detector judges
+    if seg.end_step <= end + cfg.window_steps:
+        return (
+            f"'unknown' at steps {seg.start_step}-{seg.end_step} is the detector's warm-up "
+            f"({rule}, then a {cfg.window_steps}-step trend window)"
+        )
+    return (
+        f"steps {seg.start_step}-{end} are the detector's warm-up ({rule}); 'unknown' after "
+        "it means the logged signals do not decide a phase (see the notes on missing signals)"
+    )
 
 
 def _one_line(text: str) -> str:

@@ -1,20 +1,34 @@
 """``lld-monitor dashboard [ROOT | RUN ...]``: start the Streamlit dashboard on 127.0.0.1.
 
-Runs ``python -m streamlit run dashboard/app.py -- PATHS``. The app lives in the top-level
-``dashboard/`` folder beside the package (an editable install or a source checkout); another
-listen address than loopback is used only when asked, with a warning.
+Runs ``python -m streamlit run dashboard/app.py -- PATHS`` as a child process. The app lives in
+the top-level ``dashboard/`` folder beside the package (an editable install or a source checkout);
+another listen address than loopback is used only when asked, with a warning. The listen address
+is checked before Streamlit starts (a name that does not resolve, a port in use: one line, exit
+2). Ctrl+C, SIGTERM and SIGHUP sent to this process stop the server: they are passed on to the
+child, which is killed if it has not exited 10 s later; on Linux the child also gets SIGTERM when
+this process dies without a word (SIGKILL).
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import FrameType
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 DEFAULT_PORT = 8501
+#: Seconds the server has to exit after a stop signal is passed on, before it is killed.
+STOP_GRACE_S = 10.0
+#: The signals that stop the server (Ctrl+C, ``kill PID``, a closed terminal).
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)  # no SIGHUP on Windows
 
 
 def find_app() -> Path:
@@ -141,6 +155,10 @@ def run(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"lld-monitor dashboard: {exc}", file=sys.stderr)
         return 2
+    problem = check_listen(args.host, args.port)
+    if problem is not None:
+        print(f"lld-monitor dashboard: {problem}", file=sys.stderr)
+        return 2
     if not is_loopback(args.host):
         print(
             f"lld-monitor dashboard: WARNING: listening on {args.host}, not 127.0.0.1: anyone who "
@@ -150,7 +168,65 @@ def run(args: argparse.Namespace) -> int:
         )
     cmd = build_command(args, app)
     print(f"lld-monitor dashboard: http://{args.host}:{args.port}  (Ctrl+C to stop)", flush=True)
+    return serve(cmd)
+
+
+def check_listen(host: str, port: int) -> str | None:
+    """Why the server could not listen on ``host:port`` (one line), or None when it can."""
     try:
-        return subprocess.call(cmd)
-    except KeyboardInterrupt:
-        return 0
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        return (
+            f"--host {host!r} is not an address or host name of this machine ({reason}); "
+            "use 127.0.0.1 (the default) or one of its interface addresses"
+        )
+    family, kind, proto, _, addr = infos[0]
+    try:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        return f"cannot listen on {host}:{port}: {reason} (port in use, or not this machine's?)"
+    return None
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the server gets SIGTERM when this process dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def serve(cmd: list[str]) -> int:
+    """Run the server ``cmd`` until it exits; pass Ctrl+C, SIGTERM and SIGHUP on to it."""
+    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    proc = subprocess.Popen(cmd, preexec_fn=preexec)  # single-threaded here: preexec is safe
+    stop_at: list[float] = []
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # Streamlit shuts its server down on SIGTERM
+        if not stop_at:
+            stop_at.append(time.monotonic() + STOP_GRACE_S)
+
+    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if stop_at and time.monotonic() > stop_at[0]:
+                    proc.kill()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:  # an exception here: never leave the server behind
+            proc.kill()
+            proc.wait()
+    return 0 if stop_at else code

@@ -1,0 +1,629 @@
+"""The one definition of a run's charts, drawn by the HTML report and by the dashboard.
+
+One plotly figure, one shared step axis: a compact phase strip (one lane per run: its phases as
+coloured segments, its alerts, interventions and errors as markers on the lane), then one row per
+``PANELS`` entry. With one run every signal has its own colour (``SIGNAL_COLORS``: the same
+colour means the same thing in every panel) and the phase bands shade every row; with several
+runs every run has its own colour (``RUN_COLORS``), the signals of a panel are told apart by
+their dash, and each run's phases are its lane of the strip.
+
+Display-only transforms live here (EMA smoothing for the eye, min/max decimation so that a
+100k-step run sends a few thousand points to the browser, logged points of a sparse column
+joined, a value repeated on consecutive steps drawn once); every number plotted is a logged
+column, never recomputed. Any alert kind is drawn: markers take the kind from the event.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lld_monitor import columns as C
+
+#: One colour per overlaid run (plotly's qualitative "Plotly" palette).
+RUN_COLORS: tuple[str, ...] = (
+    "#636EFA",
+    "#EF553B",
+    "#00CC96",
+    "#AB63FA",
+    "#FFA15A",
+    "#19D3F3",
+    "#FF6692",
+    "#B6E880",
+)
+#: One colour per signal when one run is shown: correct responses teal, incorrect magenta, in
+#: every panel; none of them is a phase colour.
+SIGNAL_COLORS: dict[str, str] = {
+    C.REWARD_MEAN: "#1f3f8f",
+    C.ACCURACY: "#5b8ff9",
+    C.LOGP_CORRECT: "#138a7e",
+    C.LOGP_INCORRECT: "#c2185b",
+    C.DELTA_CORRECT: "#138a7e",
+    C.DELTA_INCORRECT: "#c2185b",
+    C.FRAC_CORRECT_DISPLACED: "#138a7e",
+    C.GRAD_NORM: "#6a3d9a",
+    C.GRAD_NORM_MAX: "#b39ddb",
+    C.ENTROPY: "#8c564b",
+    C.LLDS_LAMBDA: "#333333",
+    C.LLDS_LOSS: "#8a8a8a",
+}
+PHASE_COLORS: dict[str, str] = {
+    "healthy": "#2ca02c",
+    "stagnation": "#f2c300",
+    "decay": "#ff7f0e",
+    "collapse": "#d62728",
+    "unknown": "#9e9e9e",
+}
+SEVERITY_COLORS: dict[str, str] = {"info": "#4a90d9", "warning": "#ff9f1c", "critical": "#b00020"}
+MARKER_SYMBOLS: dict[str, str] = {
+    "alert": "triangle-down",
+    "intervention": "star",
+    "phase": "diamond",
+    "error": "x",
+    "lifecycle": "circle-open",
+}
+SEVERITY_SIZE: dict[str, int] = {"info": 8, "warning": 11, "critical": 14}
+#: Line dashes of a panel's 1st, 2nd, ... signal when several runs share one colour each.
+DASHES: tuple[str, ...] = ("solid", "dot", "dash")
+#: Traces longer than this are decimated (min and max of each bucket kept, so spikes survive).
+DEFAULT_MAX_POINTS = 1000
+#: At most this many vertical event lines (critical alerts and interventions) are drawn.
+MAX_EVENT_LINES = 60
+STRIP_TITLE = "Phases and events per run (hover for messages)"
+#: Added to the strip's title where a click opens the tokens (the dashboard, not the report).
+CLICK_HINT = "; click a point for its tokens"
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One chart row: a title, the columns it plots (with their legend labels), axis options."""
+
+    title: str
+    series: tuple[tuple[str, str], ...]  # (column, label)
+    log_y: bool = False
+    hline: float | None = None  # a reference line, e.g. the 50% displaced line
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel("Reward", ((C.REWARD_MEAN, "reward"), (C.ACCURACY, "accuracy"))),
+    Panel(
+        "Log-prob of responses (per token)",
+        ((C.LOGP_CORRECT, "correct"), (C.LOGP_INCORRECT, "incorrect")),
+    ),
+    Panel(
+        "Change after update (displacement)",
+        ((C.DELTA_CORRECT, "correct"), (C.DELTA_INCORRECT, "incorrect")),
+        hline=0.0,
+    ),
+    Panel(
+        "Share of correct responses displaced (50% line)",
+        ((C.FRAC_CORRECT_DISPLACED, "share displaced"),),
+        hline=0.5,
+    ),
+    Panel(
+        "Grad norm, pre-clip (log scale)",
+        ((C.GRAD_NORM, "grad norm"), (C.GRAD_NORM_MAX, "max")),
+        log_y=True,
+    ),
+    Panel("Entropy", ((C.ENTROPY, "entropy"),)),
+    Panel("LLDS", ((C.LLDS_LAMBDA, "lambda"), (C.LLDS_LOSS, "loss"))),
+)
+
+
+@dataclass(frozen=True)
+class Band:
+    """A phase segment to shade: phase name and its first and last step (inclusive)."""
+
+    phase: str
+    start_step: float
+    end_step: float
+
+
+@dataclass(frozen=True)
+class Marker:
+    """An event to mark: an alert (of any kind), an intervention, a phase change, an error."""
+
+    step: float
+    type: str
+    kind: str
+    severity: str
+    message: str
+    source: str = "run log"  # "run log" (fired live) or "analyzer" (post hoc)
+
+
+@dataclass(frozen=True)
+class RunSeries:
+    """What one run adds to the figure; ``steps`` holds canonical columns, ``C.STEP`` included."""
+
+    name: str
+    steps: pd.DataFrame
+    bands: tuple[Band, ...] = ()
+    markers: tuple[Marker, ...] = ()
+    color: str | None = None
+
+
+def from_analysis(
+    name: str, steps: pd.DataFrame, analysis: Any, color: str | None = None
+) -> RunSeries:
+    """A run's series from its step table and an ``analyze_run`` result (phases, alerts)."""
+    bands = tuple(
+        Band(str(s.phase), float(s.start_step), float(s.end_step))
+        for s in getattr(analysis, "phases", None) or ()
+    )
+    markers = tuple(
+        Marker(float(a.step), "alert", str(a.kind), str(a.severity), str(a.message), "analyzer")
+        for a in getattr(analysis, "alerts", None) or ()
+    )
+    return RunSeries(name, steps, bands, markers, color)
+
+
+# --- display-only transforms -------------------------------------------------------------------
+
+
+def ema(values: np.ndarray, weight: float) -> np.ndarray:
+    """TensorBoard-style smoothing of a 1-D series: ``s_t = w*s_{t-1} + (1-w)*x_t``, NaN skipped.
+
+    ``values``: [N]; returns [N] (NaN where the input is NaN). ``weight`` in [0, 1).
+    """
+    if not 0.0 <= weight < 1.0:
+        raise ValueError(f"EMA weight must be in [0, 1), got {weight}")
+    raw = np.array(values, dtype=float)  # a copy: callers may pass read-only views
+    if weight == 0.0 or raw.size == 0:
+        return raw
+    smoothed = pd.Series(raw).ewm(alpha=1.0 - weight, adjust=False, ignore_na=True).mean()
+    out = smoothed.to_numpy(dtype=float, copy=True)
+    out[np.isnan(raw)] = np.nan
+    return out
+
+
+def decimate(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keep at most about ``max_points`` points of a trace: the min and max of equal buckets.
+
+    ``x``, ``y``: [N] -> [M], M <= max_points (+2); spikes and dips survive, order is kept.
+    """
+    n = len(y)
+    if n <= max_points or max_points < 4:
+        return x, y
+    n_buckets = max_points // 2
+    width = -(-n // n_buckets)  # ceil
+    pad = n_buckets * width - n
+    yf = np.asarray(y, dtype=float)
+    lo = np.pad(np.where(np.isnan(yf), np.inf, yf), (0, pad), constant_values=np.inf)
+    hi = np.pad(np.where(np.isnan(yf), -np.inf, yf), (0, pad), constant_values=-np.inf)
+    base = np.arange(n_buckets) * width
+    i_min = base + lo.reshape(n_buckets, width).argmin(axis=1)  # [n_buckets]
+    i_max = base + hi.reshape(n_buckets, width).argmax(axis=1)  # [n_buckets]
+    idx = np.unique(np.concatenate([i_min, i_max, [0, n - 1]]))
+    idx = idx[idx < n]
+    return np.asarray(x)[idx], yf[idx]
+
+
+def logged_points(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The points of a column to draw, joined: NaN rows dropped, repeats on consecutive steps once.
+
+    ``x`` (steps), ``y``: [N] -> [M]. A column logged on some steps only (the probe runs once per
+    rollout batch) would draw nothing as a NaN-broken line, so its logged points are kept and
+    joined. A value copied onto every update of a rollout batch (steps s, s+1, ... with the same
+    value) would draw a staircase: only the first step of such a repeat is kept (and the last
+    point, so the line reaches the end).
+    """
+    logged = ~np.isnan(y)
+    x, y = x[logged], y[logged]
+    if len(y) > 2:
+        repeat = np.zeros(len(y), dtype=bool)
+        repeat[1:] = (y[1:] == y[:-1]) & (np.diff(x) == 1.0)
+        repeat[-1] = False
+        if repeat.any():
+            x, y = x[~repeat], y[~repeat]
+    return x, y
+
+
+def slice_steps(steps: pd.DataFrame, step_range: tuple[float, float] | None) -> pd.DataFrame:
+    """The rows whose step lies in ``step_range`` (inclusive); all rows when it is None."""
+    if step_range is None or steps.empty or C.STEP not in steps:
+        return steps
+    s = steps[C.STEP].to_numpy()
+    if len(s) > 1 and bool(np.all(s[1:] >= s[:-1])):  # sorted (the usual case): binary search
+        i0 = np.searchsorted(s, step_range[0], "left")
+        i1 = np.searchsorted(s, step_range[1], "right")
+        return steps.iloc[i0:i1]
+    return steps[(s >= step_range[0]) & (s <= step_range[1])]
+
+
+# --- the figure ----------------------------------------------------------------------------------
+
+
+def _marker_text(m: Marker, run: str) -> str:
+    return (
+        f"<b>{escape(run)}</b> · step {m.step:g}<br>{escape(m.type)}: {escape(m.kind)}"
+        f" [{escape(m.severity)}] ({escape(m.source)})<br>{escape(_wrap(m.message))}"
+    )
+
+
+def _wrap(text: str, width: int = 80) -> str:
+    import textwrap
+
+    return "<br>".join(textwrap.wrap(text, width)) if text else ""
+
+
+@functools.cache
+def _subplot_layout(strip_weight: float) -> dict[str, Any]:
+    """The rows' axes, domains and titles as a layout dict (built once: make_subplots is slow)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(
+        rows=1 + len(PANELS),
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.035,
+        row_heights=[strip_weight] + [1.0] * len(PANELS),
+        subplot_titles=[STRIP_TITLE] + [p.title for p in PANELS],
+    )
+    return fig.layout.to_plotly_json()
+
+
+def _axis(row: int) -> str:
+    return "" if row == 1 else str(row)
+
+
+def run_color(run: RunSeries, index: int) -> str:
+    """The run's colour: its own, else the ``index``-th of ``RUN_COLORS``."""
+    return run.color or RUN_COLORS[index % len(RUN_COLORS)]
+
+
+def _panel_title(panel: Panel, single: bool) -> str:
+    if single:
+        keys = [
+            f'<span style="color:{SIGNAL_COLORS.get(col, "#333")}">━ {escape(label)}</span>'
+            for col, label in panel.series
+        ]
+    else:
+        keys = [
+            f"{escape(label)} ({DASHES[i % len(DASHES)]})"
+            for i, (_, label) in enumerate(panel.series)
+        ]
+    return f"<b>{escape(panel.title)}</b>   " + "   ".join(keys)
+
+
+def build_figure(
+    runs: Sequence[RunSeries],
+    *,
+    ema_weight: float = 0.6,
+    show_raw: bool = True,
+    step_range: tuple[float, float] | None = None,
+    max_points: int = DEFAULT_MAX_POINTS,
+    title: str | None = None,
+    collapse_steps: Sequence[float | None] = (),
+    clickable: bool = False,
+) -> Any:
+    """One figure: a phase strip (one lane per run) + ``PANELS``, x = step shared by every row.
+
+    One run: per-signal colours, no legend (the panel titles name the colours), its phase bands
+    shaded through every row. Several runs: per-run colours, a legend of runs, phases per lane.
+    ``collapse_steps[i]``: a solid red line at run i's collapse step (None: none); ``clickable``:
+    the strip's title says that a click opens the tokens (the dashboard). Traces, shapes
+    and annotations are assembled as plain dicts and validated once, which keeps a render cheap.
+    """
+    import plotly.graph_objects as go
+
+    single = len(runs) == 1
+    n_rows = 1 + len(PANELS)
+    layout = copy.deepcopy(_subplot_layout(max(0.35, 0.2 * len(runs))))
+    traces: list[dict[str, Any]] = []
+    shapes: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = list(layout.get("annotations", []))
+    if clickable:
+        annotations[0]["text"] = STRIP_TITLE[:-1] + CLICK_HINT + ")"
+    for i, panel in enumerate(PANELS, start=1):
+        annotations[i]["text"] = _panel_title(panel, single)
+    for i, run in enumerate(runs):
+        if not single:  # one legend entry per run; clicking it hides the run everywhere
+            traces.append(_legend_entry(run, i))
+        traces += _run_traces(run, i, single, ema_weight, show_raw, step_range, max_points)
+        traces += _strip_traces(run, i, single, step_range, shapes)
+    if single and runs:
+        _bands(runs[0], step_range, shapes)
+    for i, step in enumerate(collapse_steps):
+        if step is not None and i < len(runs):
+            shapes.append(_vline(float(step), "#d62728", "solid", 2))
+    for row, panel in enumerate(PANELS, start=2):
+        yaxis = layout[f"yaxis{row}"]
+        if panel.log_y:
+            yaxis.update(type="log", dtick=1)  # one label per decade (minor ticks crowd a row)
+        if panel.hline is not None:
+            shapes.append(
+                {
+                    "type": "line",
+                    "xref": "paper",
+                    "x0": 0,
+                    "x1": 1,
+                    "yref": f"y{row}",
+                    "y0": panel.hline,
+                    "y1": panel.hline,
+                    "line": {"dash": "dot", "color": "#555", "width": 1},
+                }
+            )
+        if not any(_has_data(r.steps, col) for r in runs for col, _ in panel.series):
+            y0, y1 = yaxis["domain"]  # paper coordinates of this row
+            annotations.append(
+                {
+                    "text": "not logged: " + ", ".join(col for col, _ in panel.series),
+                    "showarrow": False,
+                    "xref": "paper",
+                    "yref": "paper",
+                    "x": 0.5,
+                    "y": (y0 + y1) / 2,
+                    "font": {"color": "#888"},
+                }
+            )
+    layout["yaxis"].update(
+        tickmode="array",
+        tickvals=list(range(len(runs))),
+        ticktext=[_short(r.name) for r in runs],
+        range=[len(runs) - 0.5, -0.5],  # first run on top
+        showgrid=False,
+        zeroline=False,
+        fixedrange=True,
+    )
+    layout[f"xaxis{n_rows}"]["title"] = {"text": C.STEP}
+    if step_range is not None:
+        for row in range(1, n_rows + 1):
+            layout[f"xaxis{_axis(row)}"]["range"] = list(step_range)
+    for ann in annotations[:n_rows]:  # the row titles: left-aligned, small
+        ann.update(x=0.0, xanchor="left", font={"size": 12})
+    layout.update(
+        shapes=shapes,
+        annotations=annotations,
+        height=200 * len(PANELS) + 90 + 40 * len(runs) + (40 if title else 0),
+        margin={"l": 90, "r": 10, "t": 70 if title else 40, "b": 40},
+        hovermode="x unified",
+        barmode="overlay",
+        showlegend=not single,
+        # runs' legend top right, above the strip; the row titles are left-aligned
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 1.0, "xanchor": "right"},
+        template="plotly_white",
+        uirevision="lld-dashboard",  # keep zoom and legend toggles across live refreshes
+    )
+    if title:
+        layout["title"] = {"text": escape(title), "x": 0.0, "xanchor": "left"}
+    return go.Figure(data=traces, layout=layout)
+
+
+def _short(name: str, width: int = 14) -> str:
+    return escape(name if len(name) <= width else name[: width - 1] + "…")
+
+
+def _has_data(steps: pd.DataFrame, column: str) -> bool:
+    return column in steps and bool(steps[column].notna().any())
+
+
+def _legend_entry(run: RunSeries, index: int) -> dict[str, Any]:
+    return {
+        "type": "scatter",
+        "x": [None],
+        "y": [None],
+        "mode": "lines",
+        "name": run.name,
+        "legendgroup": run.name,
+        "line": {"color": run_color(run, index), "width": 3},
+        "xaxis": "x2",
+        "yaxis": "y2",
+        "hoverinfo": "skip",
+    }
+
+
+def _run_traces(
+    run: RunSeries,
+    index: int,
+    single: bool,
+    ema_weight: float,
+    show_raw: bool,
+    step_range: tuple[float, float] | None,
+    max_points: int,
+) -> list[dict[str, Any]]:
+    steps = slice_steps(run.steps, step_range)
+    x_all = steps[C.STEP].to_numpy(dtype=float) if C.STEP in steps else np.array([])
+    smooth = ema_weight > 0.0
+    out: list[dict[str, Any]] = []
+    for row, panel in enumerate(PANELS, start=2):
+        for k, (column, _) in enumerate(panel.series):
+            if not _has_data(steps, column):
+                continue
+            x_col, y_all = logged_points(x_all, steps[column].to_numpy(dtype=float))
+            if single:
+                color, dash = SIGNAL_COLORS.get(column, run_color(run, index)), "solid"
+            else:
+                color, dash = run_color(run, index), DASHES[k % len(DASHES)]
+            common = {
+                "type": "scatter",
+                "mode": "lines+markers" if len(x_col) <= 60 else "lines",
+                "marker": {"size": 4},
+                "legendgroup": run.name,
+                "showlegend": False,
+                "xaxis": f"x{row}",
+                "yaxis": f"y{row}",
+                "meta": run.name,
+            }
+            name = f"{run.name} · {column}"
+            if show_raw or not smooth:
+                x, y = decimate(x_col, y_all, max_points)
+                out.append(
+                    {
+                        **common,
+                        "x": x,
+                        "y": y,
+                        "name": name + (" (raw)" if smooth else ""),
+                        "line": {"color": color, "dash": dash, "width": 1 if smooth else 1.6},
+                        "opacity": 0.35 if smooth else 1.0,
+                    }
+                )
+            if smooth:
+                x, y = decimate(x_col, ema(y_all, ema_weight), max_points)
+                out.append(
+                    {
+                        **common,
+                        "x": x,
+                        "y": y,
+                        "name": name,
+                        "line": {"color": color, "dash": dash, "width": 2},
+                    }
+                )
+    return out
+
+
+def _vline(x: float, color: str, dash: str, width: float) -> dict[str, Any]:
+    return {
+        "type": "line",
+        "xref": "x",
+        "yref": "paper",
+        "x0": x,
+        "x1": x,
+        "y0": 0,
+        "y1": 1,
+        "line": {"dash": dash, "width": width, "color": color},
+    }
+
+
+def _strip_traces(
+    run: RunSeries,
+    index: int,
+    single: bool,
+    step_range: tuple[float, float] | None,
+    shapes: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The run's lane of the strip: its phases as segments, its events as markers (hover: text)."""
+    out: list[dict[str, Any]] = []
+    spans = band_spans(run.bands)
+    kept = [
+        i
+        for i, b in enumerate(run.bands)
+        if step_range is None or not (b.end_step < step_range[0] or b.start_step > step_range[1])
+    ]
+    bands = [run.bands[i] for i in kept]
+    if bands:
+        out.append(
+            {
+                "type": "bar",
+                "orientation": "h",
+                "y": [index] * len(bands),
+                "base": [spans[i][0] for i in kept],
+                "x": [spans[i][1] - spans[i][0] for i in kept],
+                "width": 0.55,
+                "marker": {
+                    "color": [PHASE_COLORS.get(b.phase, PHASE_COLORS["unknown"]) for b in bands],
+                    "line": {"width": 0},
+                },
+                "opacity": 0.75,
+                "name": f"{run.name} · phases",
+                "legendgroup": run.name,
+                "showlegend": False,
+                "text": [
+                    f"<b>{escape(run.name)}</b> · {escape(b.phase)}: steps "
+                    f"{b.start_step:g}-{b.end_step:g}"
+                    for b in bands
+                ],
+                "hovertemplate": "%{text}<extra></extra>",
+                "textposition": "none",
+                "xaxis": "x",
+                "yaxis": "y",
+            }
+        )
+    markers = [
+        m for m in run.markers if step_range is None or step_range[0] <= m.step <= step_range[1]
+    ]
+    if not markers:
+        return out
+    color = run_color(run, index)
+    lines = [m for m in markers if m.type == "intervention" or m.severity == "critical"]
+    for m in lines[-MAX_EVENT_LINES:]:
+        line_color = SEVERITY_COLORS.get(m.severity, color) if single else color
+        shapes.append(_vline(m.step, line_color, "dot", 1))
+    out.append(
+        {
+            "type": "scatter",
+            "x": [m.step for m in markers],
+            "y": [index] * len(markers),
+            "mode": "markers",
+            "name": f"{run.name} · events",
+            "legendgroup": run.name,
+            "showlegend": False,
+            "xaxis": "x",
+            "yaxis": "y",
+            "meta": run.name,
+            "marker": {
+                "color": [SEVERITY_COLORS.get(m.severity, "#777") for m in markers],
+                "symbol": [MARKER_SYMBOLS.get(m.type, "circle") for m in markers],
+                "size": [SEVERITY_SIZE.get(m.severity, 9) for m in markers],
+                "line": {"width": 1.5, "color": "#222" if single else color},
+            },
+            "text": [_marker_text(m, run.name) for m in markers],
+            "hovertemplate": "%{text}<extra></extra>",
+        }
+    )
+    return out
+
+
+def band_spans(bands: Sequence[Band]) -> list[tuple[float, float]]:
+    """x extents of phase segments (closed step ranges) that touch: a boundary lies halfway
+    between one segment's last step and the next one's first (sparse logs leave gaps of several
+    steps); the outer edges are widened by half a step."""
+    spans: list[tuple[float, float]] = []
+    for i, band in enumerate(bands):
+        x0 = spans[-1][1] if spans else band.start_step - 0.5
+        if i + 1 < len(bands):
+            x1 = (band.end_step + bands[i + 1].start_step) / 2.0
+        else:
+            x1 = band.end_step + 0.5
+        spans.append((x0, max(x1, x0)))
+    return spans
+
+
+def _bands(
+    run: RunSeries, step_range: tuple[float, float] | None, shapes: list[dict[str, Any]]
+) -> None:
+    """Shade each phase segment across every row (one paper-high rectangle per segment)."""
+    for band, (x0, x1) in zip(run.bands, band_spans(run.bands)):
+        if step_range is not None and (
+            band.end_step < step_range[0] or band.start_step > step_range[1]
+        ):
+            continue
+        shapes.append(
+            {
+                "type": "rect",
+                "xref": "x",
+                "yref": "paper",
+                "x0": x0,
+                "x1": x1,
+                "y0": 0,
+                "y1": 1,
+                "fillcolor": PHASE_COLORS.get(band.phase, PHASE_COLORS["unknown"]),
+                "opacity": 0.10,
+                "line": {"width": 0},
+                "layer": "below",
+            }
+        )
+
+
+def point_step(fig: Any, point: dict[str, Any]) -> tuple[str, float] | None:
+    """(run name, step) of a selected point of ``build_figure``'s figure, or None.
+
+    ``point``: one entry of a plotly selection (``curve_number`` and ``x``), as Streamlit's
+    ``on_select`` returns it.
+    """
+    try:
+        trace = fig.data[int(point["curve_number"])]
+        x = float(point["x"])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    run = trace.meta if isinstance(trace.meta, str) else None
+    if run is None or not math.isfinite(x):
+        return None
+    return run, x
