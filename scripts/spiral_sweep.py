@@ -43,7 +43,7 @@ MIN_PEAK = 0.1  # ... of a running peak of at least this (below it there is noth
 ONSET_FRAC = 0.9  # the fall starts at the last step the smoothed reward was >= 90% of its peak
 MIN_STRETCH = 100  # updates of the early phases before the fall
 HOLD_TOL = 0.03  # "rises or holds": the smoothed reward ends the stretch >= its start - this
-FLAT_TOL = 0.05  # "flat or declines": logp_correct (nats/token) ends <= its start + this
+FLAT_TOL = 0.02  # "flat or declines": logp_correct (nats/token) ends <= its start + this
 
 
 def candidates(steps: int, seed: int) -> dict[str, Any]:
@@ -124,17 +124,29 @@ def spiral_shape(df, updates_per_rollout: int = 32) -> dict[str, Any]:
     f = int(fallen[0])
     peak_before = run_peak[f]
     onset = int(np.where(sm[: f + 1] >= ONSET_FRAC * peak_before)[0][-1])
-    start = onset
-    # the longest stretch ending at the onset over which the reward rose or held (measured from
-    # the first full window of the smoothed reward)
-    for a in range(w - 1, onset + 1):
-        if sm[onset] >= sm[a] - HOLD_TOL:
-            start = a
-            break
+
+    def dmax(a: int) -> float:
+        seg = disp[a : f + 1]
+        return float(np.nanmax(seg)) if np.isfinite(seg).any() else float("nan")
+
+    def early_phases(a: int) -> bool:
+        return bool(
+            steps[onset] - steps[a] >= MIN_STRETCH
+            and sm[onset] >= sm[a] - HOLD_TOL  # reward rose or held
+            and lpc[onset] <= lpc[a] + FLAT_TOL  # logp_correct flat or declining
+            and disp[a] < 0.5  # displaced share climbs from below 0.5 ...
+            and dmax(a) >= 0.5  # ... to 0.5 or more before the fall
+        )
+
+    # the longest stretch ending at the onset (from the first full window of the smoothed reward)
+    # with the early phases; failing that, the longest over which the reward rose or held
+    found = [a for a in range(w - 1, onset + 1) if early_phases(a)]
+    held = [a for a in range(w - 1, onset + 1) if sm[onset] >= sm[a] - HOLD_TOL]
+    start = found[0] if found else (held[0] if held else onset)
     length = int(steps[onset] - steps[start])
     lp0, lp1 = _f(lpc[start]), _f(lpc[onset])
     d0, d_on, d_f = _f(disp[start]), _f(disp[onset]), _f(disp[f])
-    d_max = _f(np.nanmax(disp[start : f + 1])) if f >= start else None
+    d_max = _f(dmax(start))
     out.update(
         fall_step=int(steps[f]),
         onset_step=int(steps[onset]),
@@ -146,16 +158,7 @@ def spiral_shape(df, updates_per_rollout: int = 32) -> dict[str, Any]:
         disp_max_to_fall=d_max,
         recovered=bool(sm[-1] >= ONSET_FRAC * peak_before),
     )
-    out["shape"] = bool(
-        length >= MIN_STRETCH
-        and lp0 is not None
-        and lp1 is not None
-        and lp1 <= lp0 + FLAT_TOL
-        and d0 is not None
-        and d0 < 0.5
-        and d_max is not None
-        and d_max >= 0.5
-    )
+    out["shape"] = bool(found)
     return out
 
 
@@ -258,13 +261,19 @@ def describe(r: dict[str, Any]) -> str:
         f"{rew}, {acc}, fell at {r['fall_step']} (onset {r['onset_step']}, "
         f"{r['stretch_len']}-update stretch; logp_c {_n(lp[0])}->{_n(lp[1])}; "
         f"displaced {_n(d[0])}->{_n(d[1])}, max {_n(r.get('disp_max_to_fall'))})"
+        + (", recovered" if r.get("recovered") else "")
         + (" **shape**" if r["shape"] else "")
     )
 
 
 def table(out: Path) -> str:
     """Markdown: one row per configuration and seed, the three variants side by side."""
+    from lld_monitor.runlog import load_run
+
     rows = load_results(out)
+    for r in rows:
+        if (out / r["name"] / "steps.jsonl").exists():  # the current definitions, not the stored
+            r.update(spiral_shape(load_run(out / r["name"]).steps))
     by: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
     for r in rows:
         by.setdefault((r["config"], r["seed"]), {})[r["variant"]] = r
@@ -282,21 +291,25 @@ def table(out: Path) -> str:
 
 
 def detector_commit() -> str:
-    """The commit of the checkout whose analyzer is used (with ``+dirty`` if it has changes)."""
+    """HEAD of the checkout whose analyzer is used, and the last commit that changed the
+    analyzer's code (``lld_monitor/`` less the toy testbed); ``+dirty`` if it has changes."""
+    detector = [
+        "--",
+        "lld_monitor/analysis",
+        "lld_monitor/commands/analyze.py",
+        "lld_monitor/cli.py",
+    ]
+
+    def git(*a: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(ROOT), *a], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "lld_monitor"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        return head + ("+dirty" if dirty else "")
+        head = git("rev-parse", "--short", "HEAD")
+        last = git("log", "-1", "--format=%h", *detector)
+        dirty = git("status", "--porcelain", *detector)
+        return f"HEAD {head}, analyzer last changed in {last}" + (" +dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -306,7 +319,7 @@ def alerts_table(run_dirs: list[Path]) -> str:
     from lld_monitor.runlog import load_run
 
     lines = [
-        f"Analyzer of commit `{detector_commit()}` (`python -m lld_monitor.cli analyze RUN "
+        f"Analyzer: {detector_commit()} (`python -m lld_monitor.cli analyze RUN "
         f"--json`); fall = first step the {SMOOTH}-update mean reward is below "
         f"{FALL_FRAC:.0%} of its running peak; onset = last step before it at >= "
         f"{ONSET_FRAC:.0%} of that peak.",
