@@ -146,10 +146,12 @@ def make_simulated_runs(out: Path, seeds: list[int]) -> list[dict[str, Any]]:
 
 
 def spiral_configs(steps: int) -> dict[str, Any]:
-    """The bounded spiral attempt: the aggressive presets of ``lld_monitor.toy.train``."""
+    """The first bounded spiral attempt: the aggressive presets of ``lld_monitor.toy.train`` (the
+    second attempt, ``s3``, is made by ``scripts/spiral_sweep.py``)."""
     from lld_monitor.toy.train import preset_configs
 
-    return {k: v for k, v in preset_configs(steps).items() if k != "default"}
+    first = ("s1-small-32upd-lr3e-3", "s2-big-vocab-think-2word")
+    return {k: v for k, v in preset_configs(steps).items() if k in first}
 
 
 def make_spiral_runs(

@@ -433,3 +433,22 @@ def test_demo_auto_on_defaults_to_the_monitor_triggers_and_refuses_unknown_kinds
     err = capsys.readouterr().err
     assert "stagnation, decay, displacement, collapse" in err and "nonfinite" in err
     assert not (out / "steps.jsonl").exists()
+
+
+def test_s3_preset_builds_its_config_and_the_demo_offers_it(tmp_path):
+    import argparse
+
+    from lld_monitor.commands.demo import add_arguments
+    from lld_monitor.toy.train import grpo_args, preset_configs
+
+    s3 = preset_configs(steps=800, seed=2)["s3-16upd-lr8e-4"]
+    assert (s3.steps, s3.seed, s3.learning_rate, s3.beta) == (800, 2, 8e-4, 0.0)
+    # 8 mini-batches of 2 prompts x 2 passes: 16 updates on each rollout batch of 16 prompts
+    assert s3.updates_per_rollout == 16 and s3.prompts_per_update * s3.steps_per_generation == 16
+    assert (s3.hidden_size, s3.extra_vocab, s3.task.answer_words) == (64, 0, 1)  # the s1 model
+    args = grpo_args(s3, tmp_path, progress=False)
+    assert (args.steps_per_generation, args.num_iterations, args.max_steps) == (8, 2, 800)
+    assert args.per_device_train_batch_size == 10 and args.learning_rate == 8e-4
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--preset", "s3-16upd-lr8e-4"]).preset == "s3-16upd-lr8e-4"

@@ -18,7 +18,7 @@ from pathlib import Path
 from lld_monitor.monitor import AUTO_LLDS_ACCEPTED, AUTO_LLDS_KINDS
 
 DEFAULT_STEPS = 320
-PRESETS: tuple[str, ...] = ("default", "s1-small-32upd-lr3e-3")
+PRESETS: tuple[str, ...] = ("default", "s1-small-32upd-lr3e-3", "s3-16upd-lr8e-4")
 
 
 def _positive_int(text: str) -> int:
@@ -71,7 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="default",
         help="default: a run that learns and stays healthy; s1-small-32upd-lr3e-3: an aggressive "
         "setting (lr 3e-3, 32 updates per rollout batch) on which vanilla GRPO collapses (see "
-        "sample_runs/README.md)",
+        "sample_runs/README.md); s3-16upd-lr8e-4: gentler (lr 8e-4, 16 updates per rollout "
+        "batch), on which vanilla GRPO first learns a little and then decays over several hundred "
+        "updates (try --steps 800; see sample_runs/README.md)",
     )
     parser.add_argument(
         "--auto-on",

@@ -316,8 +316,9 @@ LLDS_MODES: tuple[str, ...] = ("off", "on", "auto")
 
 
 def preset_configs(steps: int = 1000, seed: int = 0) -> dict[str, ToyGRPOConfig]:
-    """Named configurations: ``default`` (learns, stays healthy) and the two aggressive ones of
-    the spiral attempt in ``sample_runs/README.md`` (vanilla GRPO collapses on both)."""
+    """Named configurations: ``default`` (learns, stays healthy), the two aggressive ones of the
+    spiral attempt in ``sample_runs/README.md`` (vanilla GRPO collapses on both), and ``s3``, the
+    gentler one of the second attempt (``scripts/spiral_sweep.py``, configuration ``d6``)."""
     from dataclasses import replace
 
     base = ToyGRPOConfig(steps=steps, seed=seed)
@@ -341,6 +342,11 @@ def preset_configs(steps: int = 1000, seed: int = 0) -> dict[str, ToyGRPOConfig]
             task=ToyTaskConfig(n_values=12, answer_words=2),
             sft=SFTConfig(steps=500, think_words=4),
             rollout=RolloutConfig(max_action_tokens=14, max_completion_tokens=128),
+        ),
+        # the second attempt's pick: 16 updates per rollout batch at lr 8e-4 (vanilla GRPO first
+        # learns a little, then its reward decays over several hundred updates)
+        "s3-16upd-lr8e-4": replace(
+            base, learning_rate=8e-4, steps_per_generation=8, num_iterations=2, beta=0.0
         ),
     }
 
