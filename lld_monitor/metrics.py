@@ -314,6 +314,8 @@ def displacement_sums(
         _check_2d("logp_new", logp_new, logp_old.shape)
         _check_float("logp_new", logp_new)
         _check_device("logp_new", logp_new, logp_old)
+        logp_new = logp_new.detach()  # a measurement: the loss's tensor (with grad) is fine
+    logp_old = logp_old.detach()
     ids = _effective_action_ids(action_ids, m, logp_old)
     acc = _acc_dtype(logp_old.device)
     old = _work(logp_old)  # [B, L]

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import queue
+import sys
 import threading
 import time
 import urllib.error
@@ -126,13 +127,27 @@ class BaseSink:
 
 
 class ConsoleSink(BaseSink):
-    """Alerts and events to the ``lld_monitor`` logger; optionally a step summary every N steps."""
+    """Alerts and events to the ``lld_monitor`` logger; optionally a step summary every N steps.
 
-    def __init__(self, *, every: int = 0, logger_name: str = "lld_monitor") -> None:
+    When logging is not set up (no handler on the logger or its ancestors), the lines go to
+    ``stream`` (default stderr) instead, info events included: Python's fallback handler would
+    show warnings only, so interventions and phase changes would vanish.
+    """
+
+    def __init__(
+        self, *, every: int = 0, logger_name: str = "lld_monitor", stream: Any = None
+    ) -> None:
         if every < 0:
             raise ValueError(f"every must be >= 0 (0 = no step summaries), got {every}")
         self.every = every
         self.logger = logging.getLogger(logger_name)
+        self.stream = stream
+
+    def _log(self, level: int, msg: str, *args: Any) -> None:
+        if self.logger.hasHandlers():
+            self.logger.log(level, msg, *args)
+        else:
+            print(msg % args, file=self.stream or sys.stderr, flush=True)
 
     def log_row(self, step: int, row: Mapping[str, Any]) -> None:
         if not self.every or step % self.every:
@@ -142,10 +157,12 @@ class ConsoleSink(BaseSink):
             value = _number(row.get(col))
             if value is not None and math.isfinite(value):
                 parts.append(f"{col}={value:.4g}")
-        self.logger.info("lld_monitor step %d: %s", step, " ".join(parts) or "(no LLD columns)")
+        self._log(
+            logging.INFO, "lld_monitor step %d: %s", step, " ".join(parts) or "(no LLD columns)"
+        )
 
     def alert(self, alert: Alert) -> None:
-        self.logger.log(
+        self._log(
             _LOG_LEVEL[alert.severity],
             "lld_monitor %s alert at step %d: %s: %s",
             alert.severity.upper(),
@@ -155,7 +172,7 @@ class ConsoleSink(BaseSink):
         )
 
     def report_event(self, event: Alert, event_type: str) -> None:
-        self.logger.log(
+        self._log(
             _LOG_LEVEL[event.severity],
             "lld_monitor %s at step %d: %s: %s",
             event_type,

@@ -85,12 +85,37 @@ def make_grpo_trainer(
     )
 
 
-def main(out_dir: str) -> None:
-    """Distributed run: train with a strict monitor, dump each rank's local sums per step."""
+def _collective_layers(model: Any, fail_in_probe: Any) -> None:
+    """Every decoder layer's forward runs an all_reduce first (as under ZeRO-3/FSDP).
+
+    ``fail_in_probe()`` True makes rank 1 raise in the second layer, after the first layer's
+    collective: the other rank is then waiting in the second layer's.
+    """
+    import torch
+
+    dist = torch.distributed
+    for i, layer in enumerate(model.model.layers):
+
+        def pre_hook(module: Any, args: Any, i: int = i) -> None:
+            if i == 1 and dist.get_rank() == 1 and fail_in_probe():
+                raise RuntimeError("injected: out of memory in the probe forward")
+            dist.all_reduce(torch.zeros(1))
+
+        layer.register_forward_pre_hook(pre_hook)
+
+
+def main(out_dir: str, mode: str = "ok") -> None:
+    """Distributed run: train with a monitor, dump each rank's local sums and rows per step.
+
+    ``mode``: ``ok`` (strict monitor); ``recover`` (layer collectives, rank 1 fails preparing the
+    first probe and packing step 3's sums); ``forward`` (layer collectives, rank 1 fails inside
+    the probe forward).
+    """
     import torch
     from transformers import TrainerCallback
 
     from lld_monitor import LLDMonitor
+    from lld_monitor.step_metrics import StepMetrics
 
     out = Path(out_dir)
     dumps: list[dict[str, Any]] = []
@@ -106,24 +131,62 @@ def main(out_dir: str) -> None:
                 }
                 for r in monitor.adapter.probe_records
             ]
+            local = monitor.last_local_sums
             dumps.append(
                 {
                     "step": state.global_step,
-                    "local": monitor.last_local_sums.tolist(),
+                    "local": local.tolist() if local is not None else None,
                     "probes": probes,
                     "row": monitor.last_row,
                 }
             )
 
-    monitor = LLDMonitor(out / "run", strict=True, detector=None, probe_fraction=0.5)
-    trainer = make_grpo_trainer(out / "trainer", max_steps=3, steps_per_generation=2)
+    strict = mode == "ok"
+    monitor = LLDMonitor(out / "run", strict=strict, detector=None, probe_fraction=0.5)
+    config: dict[str, Any] = {"max_steps": 3, "steps_per_generation": 2}
+    if mode != "ok":  # every rank runs the same number of forwards: no early EOS
+        steps = 4 if mode == "recover" else 2
+        config = {"max_steps": steps, "steps_per_generation": 2, "num_layers": 2}
+        config["generation_kwargs"] = {"min_new_tokens": 6}
+    trainer = make_grpo_trainer(out / "trainer", **config)
     monitor.attach(trainer)
     trainer.add_callback(Dump())
-    trainer.train()
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    if mode != "ok":
+        adapter = monitor.adapter
+        probing = {"on": False}
+        _collective_layers(trainer.model, lambda: mode == "forward" and probing["on"])
+        forward = adapter._probe_forward
+
+        def probe_forward(plan: Any) -> Any:
+            probing["on"] = True
+            try:
+                return forward(plan)
+            finally:
+                probing["on"] = False
+
+        adapter._probe_forward = probe_forward
+        if mode == "recover" and rank == 1:
+            prepare, pack = adapter._prepare_probe, StepMetrics.pack
+            calls = {"prepare": 0}
+
+            def prepare_probe(*args: Any) -> Any:
+                calls["prepare"] += 1
+                if calls["prepare"] == 1:
+                    raise RuntimeError("injected: preparing the probe failed")
+                return prepare(*args)
+
+            def failing_pack(self: Any, device: Any, names: Any) -> Any:
+                if monitor.step == 3:
+                    raise RuntimeError("injected: packing step 3 failed")
+                return pack(self, device, names)
+
+            adapter._prepare_probe = prepare_probe
+            StepMetrics.pack = failing_pack
+    trainer.train()
     (out / f"rank{rank}.json").write_text(json.dumps({"world": world, "steps": dumps}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from lld_monitor import LLDMonitor, LLDSConfig, load_run
 from lld_monitor import columns as C
+from lld_monitor.correctness import ThresholdWatch
 from lld_monitor.events import Alert
 
 
@@ -455,6 +457,139 @@ def test_a_folder_that_holds_a_run_is_refused_at_construction(tmp_path: Any) -> 
     first.close()
     with pytest.raises(FileExistsError, match="already holds a run"):
         LLDMonitor(tmp_path / "run")
+
+
+def _three() -> dict[str, torch.Tensor]:
+    # Three responses of 2 generated tokens each; accuracy reward 1, 0, 1 and a format reward 1.
+    return {
+        "logp_old": torch.tensor([[-1.0, -1.0], [-2.0, -2.0], [-3.0, -3.0]]),  # [3, 2]
+        "mask": torch.ones(3, 2),
+        "acc": torch.tensor([1.0, 0.0, 1.0]),
+        "fmt": torch.tensor([1.0, 1.0, 1.0]),
+    }
+
+
+def test_correct_reward_names_the_function_and_the_rule_is_in_meta(tmp_path: Any) -> None:
+    b = _three()
+    total = b["acc"] + b["fmt"]  # 2, 1, 2: every response reaches the default threshold 1.0
+    per_func = {"acc": b["acc"], "fmt": b["fmt"]}
+    summed = LLDMonitor(tmp_path / "sum", detector=None, strict=True)
+    summed.observe_rollout(b["logp_old"], b["mask"], rewards=total, rewards_per_func=per_func)
+    assert summed.end_step()[C.ACCURACY] == 1.0  # the silent trap the rule fixes
+    summed.close()
+
+    monitor = LLDMonitor(tmp_path / "run", detector=None, strict=True, correct_reward="acc")
+    monitor.observe_rollout(b["logp_old"], b["mask"], rewards=total, rewards_per_func=per_func)
+    row = monitor.end_step()
+    monitor.close()
+    assert row[C.ACCURACY] == pytest.approx(2 / 3)
+    assert row[C.LOGP_CORRECT] == pytest.approx(-2.0)  # mean of -1, -1, -3, -3
+    assert row[C.LOGP_INCORRECT] == pytest.approx(-2.0)
+    assert row[C.REWARD_FN_PREFIX + "acc"] == pytest.approx(2 / 3)
+    assert row[C.REWARD_FN_PREFIX + "fmt"] == 1.0
+    rule = load_run(tmp_path / "run").meta["config"]["correctness"]
+    assert rule["rule"] == "reward_fn/acc >= 1" and rule["correct_reward"] == "acc"
+
+    bad = LLDMonitor(tmp_path / "bad", detector=None, strict=True, correct_reward="acc")
+    with pytest.raises(ValueError, match=r"correct_reward='acc' needs that function's rewards"):
+        bad.observe_rollout(b["logp_old"], b["mask"], rewards=total)
+    with pytest.raises(ValueError, match="correct_reward must be the name"):
+        LLDMonitor(tmp_path / "bad2", correct_reward=3)
+
+
+def test_correct_fn_gets_the_per_function_rewards(tmp_path: Any) -> None:
+    b = _three()
+    got: dict[str, Any] = {}
+
+    def acc_only(rewards: Any, advantages: Any, rewards_per_func: Any) -> torch.Tensor:
+        got.update(rewards_per_func)
+        return rewards_per_func["acc"] > 0.5
+
+    monitor = LLDMonitor(tmp_path / "run", detector=None, strict=True, correct_fn=acc_only)
+    per_func = {"acc": b["acc"], "fmt": b["fmt"]}
+    monitor.observe_rollout(b["logp_old"], b["mask"], rewards=b["acc"], rewards_per_func=per_func)
+    assert monitor.end_step()[C.ACCURACY] == pytest.approx(2 / 3)
+    assert sorted(got) == ["acc", "fmt"] and got["fmt"].tolist() == [1.0, 1.0, 1.0]
+    monitor.close()
+    meta = load_run(tmp_path / "run").meta["config"]["correctness"]
+    assert meta["correct_fn"] == "acc_only"
+
+
+def test_unscored_completions_are_left_out(tmp_path: Any) -> None:
+    b = _three()
+    rewards = torch.tensor([1.0, float("nan"), 0.0])  # response 1 unscored (reward None)
+    monitor = LLDMonitor(tmp_path / "run", detector=None, strict=True)
+    monitor.observe_rollout(b["logp_old"], b["mask"], rewards=rewards)
+    logp_new = b["logp_old"] + torch.tensor([[0.5], [9.0], [-0.5]])  # [3, 2]
+    monitor.observe_post_update(logp_new)
+    row = monitor.end_step()
+    monitor.close()
+    assert row[C.REWARD_MEAN] == 0.5  # (1 + 0) / 2 scored
+    assert row[C.ACCURACY] == 0.5  # 1 of 2 scored, not 1 of 3
+    assert row[C.N_CORRECT] == 1 and row[C.N_INCORRECT] == 1  # the unscored one in neither
+    assert row[C.LOGP_INCORRECT] == pytest.approx(-3.0)  # response 2 only
+    assert row[C.DELTA_INCORRECT] == pytest.approx(-1.0)  # 2 tokens x -0.5, not response 1's
+    assert row[C.COMPLETION_LENGTH] == 2.0  # length counts every response
+
+
+def test_warning_when_rewards_vary_but_none_reaches_the_threshold(tmp_path: Any) -> None:
+    b = _three()
+    monitor = LLDMonitor(tmp_path / "run", detector=None, strict=True)
+    rewards = torch.tensor([0.5, 0.0, 0.25])  # a 0.5-valued correct answer: never >= 1.0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(ThresholdWatch.STEPS - 1):
+            monitor.observe_rollout(b["logp_old"], b["mask"], rewards=rewards)
+            monitor.end_step()
+        assert not [w for w in caught if "correct_threshold" in str(w.message)]
+        for _ in range(2):
+            monitor.observe_rollout(b["logp_old"], b["mask"], rewards=rewards)
+            monitor.end_step()
+    found = [w for w in caught if "no response has reached correct_threshold=1" in str(w.message)]
+    assert len(found) == 1 and "at most 0.5" in str(found[0].message)  # once
+    monitor.close()
+    events = load_run(tmp_path / "run").events
+    assert (events[C.EVENT_KIND] == "no_correct_responses").sum() == 1
+
+    ok = LLDMonitor(tmp_path / "ok", detector=None, strict=True, correct_threshold=0.5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(ThresholdWatch.STEPS + 1):
+            ok.observe_rollout(b["logp_old"], b["mask"], rewards=rewards)
+            ok.end_step()
+    assert not [w for w in caught if "correct_threshold" in str(w.message)]
+    ok.close()
+
+
+def test_likelihood_displacement_takes_the_loss_tensor_with_grad() -> None:
+    from lld_monitor import likelihood_displacement
+
+    b = _batch()
+    new = b["logp_new"].clone().requires_grad_(True)  # as the README passes it to llds_loss too
+    stats = likelihood_displacement(b["logp_old"], new, b["mask"], rewards=b["rewards"])
+    assert stats.delta_correct == pytest.approx(0.0) and stats.delta_incorrect == pytest.approx(0.5)
+
+
+def test_step_metrics_reduce_by_declared_rule() -> None:
+    """sum for counts, NaN-ignoring max for grad_norm_max, rank 0's value for the switch."""
+    from lld_monitor.step_metrics import FIELD_INDEX, StepMetrics
+
+    rows = torch.zeros(3, StepMetrics.length(1), dtype=torch.float64)  # 3 ranks, 1 reward fn
+    i = FIELD_INDEX
+    rows[:, i["n_resp"]] = torch.tensor([4.0, 4.0, 0.0])
+    rows[:, i["grad_max"]] = torch.tensor([2.0, math.nan, 5.0])  # rank 1 had no update
+    rows[:, i["rule_reward_max"]] = math.nan  # no rank had a value
+    rows[:, i["llds_on"]] = torch.tensor([1.0, 0.0, 0.0])
+    rows[:, i["llds_lam"]] = torch.tensor([0.2, 9.0, 9.0])
+    rows[:, -2:] = torch.tensor([[1.0, 2.0], [3.0, 2.0], [0.0, 0.0]])  # (sum, count) per rank
+    out = StepMetrics.reduce(rows)
+    assert out[i["n_resp"]] == 8.0 and out[i["grad_max"]] == 5.0
+    assert math.isnan(out[i["rule_reward_max"]])
+    assert out[i["llds_on"]] == 1.0 and out[i["llds_lam"]] == pytest.approx(0.2)
+    assert out[-2:].tolist() == [4.0, 4.0]
+    failed = StepMetrics.failed(torch.device("cpu"), 1)
+    assert failed[i["n_failed"]] == 1.0 and failed[i["n_resp"]] == 0.0
+    assert math.isnan(failed[i["grad_max"]]) and math.isnan(failed[i["llds_on"]])
 
 
 def test_probe_where_nothing_moved_carries_no_displacement_evidence(tmp_path: Any) -> None:

@@ -33,9 +33,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def two_rank_run(tmp_path_factory: Any) -> Path:
-    out = tmp_path_factory.mktemp("mp")
+def _launch(out: Path, mode: str = "ok", timeout: int = 240) -> subprocess.CompletedProcess:
     accelerate = Path(sys.executable).with_name("accelerate")
     env = {
         **os.environ,
@@ -46,9 +44,16 @@ def two_rank_run(tmp_path_factory: Any) -> Path:
     cmd = [
         str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(_free_port()), str(SCRIPT), str(out),
+        "--main_process_port", str(_free_port()), str(SCRIPT), str(out), mode,
     ]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    # A hang (a rank left waiting in a collective) fails the test with TimeoutExpired.
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory: Any) -> Path:
+    out = tmp_path_factory.mktemp("mp")
+    proc = _launch(out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
 
@@ -116,3 +121,44 @@ def test_reduction_is_exact_sums_not_means_of_means(two_rank_run: Path) -> None:
         if correct.any():
             assert row[C.DELTA_CORRECT] == pytest.approx(float(delta[correct].mean()), abs=1e-6)
     assert probed_steps == 2  # steps 2 and 3 (train end) probed
+
+
+@pytest.mark.slow
+def test_failures_on_one_rank_are_recorded_and_both_ranks_train_on(tmp_path: Any) -> None:
+    """Layer forwards are collectives; rank 1 fails preparing a probe and packing a step."""
+    proc = _launch(tmp_path, "recover", timeout=180)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = _load(tmp_path)
+    for r in ranks:  # both ranks trained every step and got the same rows
+        assert [s["step"] for s in r["steps"]] == [1, 2, 3, 4]
+    for s0, s1 in zip(ranks[0]["steps"], ranks[1]["steps"], strict=True):
+        for key, value in s0["row"].items():
+            if key != C.TIME:
+                assert s1["row"][key] == pytest.approx(value, nan_ok=True), key
+    run = load_run(tmp_path / "run")
+    steps = run.steps.set_index(C.STEP)
+    assert list(steps.index) == [1, 2, 3, 4]
+    # The first probe (step 2) was skipped on both ranks; the second (step 4) ran.
+    assert C.N_CORRECT not in ranks[0]["steps"][1]["row"]
+    assert C.N_CORRECT in ranks[0]["steps"][3]["row"]
+    assert [len(s["probes"]) for s in ranks[1]["steps"]] == [0, 0, 0, 1]
+    # Step 3 is written (from rank 0's sums) and is the row both ranks computed.
+    assert ranks[0]["steps"][2]["row"][C.REWARD_MEAN] == pytest.approx(steps.loc[3, C.REWARD_MEAN])
+    errors = run.events[run.events[C.EVENT_TYPE] == "error"]
+    assert [(e[C.EVENT_KIND], e[C.EVENT_EVIDENCE]["ranks"]) for _, e in errors.iterrows()] == [
+        ("post-update probe", [1]),
+        ("end_step", [1]),
+    ]
+    assert "injected: preparing the probe failed" in proc.stderr  # rank 1's own log
+
+
+@pytest.mark.slow
+def test_failure_inside_the_probe_forward_stops_both_ranks_with_one_clear_error(
+    tmp_path: Any,
+) -> None:
+    """Rank 1 fails between two layer collectives: no hang, the run stops with the reason."""
+    proc = _launch(tmp_path, "forward", timeout=180)
+    assert proc.returncode != 0
+    assert "post-update probe forward failed on rank 1 of 2" in proc.stderr
+    assert "injected: out of memory in the probe forward" in proc.stderr
+    assert not (tmp_path / "rank0.json").exists() and not (tmp_path / "rank1.json").exists()

@@ -387,3 +387,18 @@ def test_sinks_and_runlog_import_neither_torch_nor_wandb() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_console_sink_prints_info_events_when_logging_is_not_set_up() -> None:
+    import io
+
+    name = "lld_monitor_console_test_unconfigured"
+    logging.getLogger(name).propagate = False  # no handler here or above: logging not set up
+    out = io.StringIO()
+    sink = ConsoleSink(logger_name=name, stream=out)
+    sink.log_event(make_event("phase", 12, "decay", "phase healthy -> decay", "info"))
+    sink.log_event(make_event("intervention", 13, "llds_enable", "LLDS on by auto_llds", "info"))
+    assert out.getvalue().splitlines() == [
+        "lld_monitor phase at step 12: decay: phase healthy -> decay",
+        "lld_monitor intervention at step 13: llds_enable: LLDS on by auto_llds",
+    ]

@@ -512,6 +512,272 @@ def test_num_iterations_recomputation_precedes_the_last_update(tmp_path: Any) ->
     torch.testing.assert_close(probe.logp_old, first["logp_new"], atol=1e-6, rtol=0)
 
 
+def test_finished_generations_schedule_alone() -> None:
+    """A batch generated at micro-step s is finished at s + steps_per_generation*num_iterations."""
+    fin = trl_adapter.finished_generations
+    starts = {0: 0, 1: 4, 2: 8}
+    # steps_per_generation=2, num_iterations=2: each batch serves 4 micro-steps.
+    assert fin(starts, 3, 2, 2) == []
+    assert fin(starts, 4, 2, 2) == [0]
+    assert fin(starts, 8, 2, 2) == [0, 1]
+    assert fin(starts, 9, 2, 2, final=False) == [0, 1]
+    assert fin(starts, 9, 2, 2, final=True) == [0, 1, 2]  # the last optimizer step probes all
+    assert fin({5: 1}, 2, 1, 1) == [5]  # one micro-step per batch: finished at the next step
+    assert fin({}, 10, 1, 1, final=True) == []
+    with pytest.raises(ValueError, match="steps_per_generation and num_iterations must be >= 1"):
+        fin(starts, 1, 0, 1)
+
+
+def test_zero_std_groups_leave_unscored_completions_out() -> None:
+    nan = float("nan")
+    groups = torch.tensor(
+        [
+            [1.0, 1.0, 1.0, 1.0],  # all equal: zero std
+            [1.0, nan, 1.0, 1.0],  # scored ones equal: zero std (TRL: nanstd 0)
+            [1.0, nan, 0.0, 1.0],  # scored ones differ
+            [1.0, nan, nan, nan],  # one scored: no std, not zero
+            [nan, nan, nan, nan],  # none scored
+        ]
+    )
+    assert trl_adapter.zero_std_groups(groups).tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_probe_under_gradient_checkpointing(tmp_path: Any) -> None:
+    """The probe runs with checkpointing off (as TRL's no-grad forwards) and restores it."""
+    monitor = LLDMonitor(tmp_path / "run", probe_fraction=1.0, strict=True, detector=None)
+    trainer = make_grpo_trainer(
+        tmp_path / "tr", max_steps=2, steps_per_generation=2, gradient_checkpointing=True
+    )
+    monitor.attach(trainer)
+    seen: list[bool] = []
+    during: list[bool] = []
+    probing = [False]
+    forward = monitor.adapter._probe_forward
+    trainer.model.register_forward_pre_hook(
+        lambda m, args: during.append(m.is_gradient_checkpointing) if probing[0] else None
+    )
+
+    def probe_forward(plan: Any) -> Any:
+        probing[0] = True
+        try:
+            return forward(plan)
+        finally:
+            probing[0] = False
+            seen.append(trainer.model.is_gradient_checkpointing)  # restored after the probe
+
+    monitor.adapter._probe_forward = probe_forward
+    trainer.train()
+    steps = load_run(tmp_path / "run").steps.set_index(C.STEP)
+    assert during and not any(during)  # off inside the probe forward
+    assert seen == [True]
+    assert steps.loc[2, C.N_CORRECT] + steps.loc[2, C.N_INCORRECT] == 8
+
+
+_UNSCORED: list[int] = []
+
+
+def reward_has_a_or_none(completions: list[str], **kwargs: Any) -> list[float | None]:
+    """1.0 with the word 'a', else 0.0, but None (unscored) for one completion in three."""
+    out: list[float | None] = []
+    for i, c in enumerate(completions):
+        out.append(None if i % 3 == 1 else (1.0 if "a" in c.split() else 0.0))
+    _UNSCORED.append(sum(r is None for r in out))
+    return out
+
+
+def test_several_reward_functions_need_a_rule_and_correct_reward_applies(tmp_path: Any) -> None:
+    from lld_grpo_script import reward_has_a
+
+    trainer = make_grpo_trainer(tmp_path / "t0", reward_funcs=[reward_has_a, reward_length])
+    with pytest.warns(UserWarning, match=r"2 reward functions .* and no correctness rule"):
+        LLDMonitor(tmp_path / "r0", detector=None).attach(trainer)
+    with pytest.raises(ValueError, match=r"correct_reward='accuracy' is not a reward function"):
+        LLDMonitor(tmp_path / "r1", correct_reward="accuracy").attach(trainer)
+
+    monitor = LLDMonitor(
+        tmp_path / "run", detector=None, strict=True, correct_reward="reward_has_a"
+    )
+    trainer = make_grpo_trainer(
+        tmp_path / "t", max_steps=2, reward_funcs=[reward_has_a, reward_length]
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # a rule given: no warning
+        monitor.attach(trainer)
+    trainer.train()
+    steps = load_run(tmp_path / "run").steps
+    # reward_has_a is 0/1: accuracy is its mean, whatever reward_length adds to the total.
+    for _, row in steps.iterrows():
+        assert row[C.ACCURACY] == pytest.approx(row[C.REWARD_FN_PREFIX + "reward_has_a"])
+    assert load_run(tmp_path / "run").meta["config"]["correctness"]["correct_reward"] == (
+        "reward_has_a"
+    )
+
+
+def test_unscored_completions_match_trl_statistics(tmp_path: Any) -> None:
+    monitor = LLDMonitor(tmp_path / "run", detector=None, strict=True)
+    trainer = make_grpo_trainer(tmp_path / "t", max_steps=3, reward_funcs=[reward_has_a_or_none])
+    monitor.attach(trainer)
+    trainer.train()
+    steps = load_run(tmp_path / "run").steps.set_index(C.STEP)
+    logged = [h for h in trainer.state.log_history if "reward" in h]
+    assert len(logged) == 3 and sum(_UNSCORED) >= 3  # unscored completions on every step
+    for step, trl_row in enumerate(logged, start=1):
+        row = steps.loc[step]
+        assert row[C.REWARD_MEAN] == pytest.approx(trl_row["reward"], abs=1e-6)
+        assert row[C.FRAC_ZERO_STD_GROUPS] == pytest.approx(trl_row["frac_reward_zero_std"])
+        assert row[C.ACCURACY] == pytest.approx(trl_row["reward"], abs=1e-6)  # 0/1 rewards
+
+
+def _with_attention_dropout(trainer: Any, p: float) -> Any:
+    for module in trainer.model.modules():
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = p  # as a model config with attention_dropout=p builds it
+    return trainer
+
+
+def test_dropout_warns_at_attach_and_refuses_llds_unless_forced(tmp_path: Any) -> None:
+    from lld_monitor.integrations.transformers import active_dropout
+
+    assert active_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1))) == [
+        "1: p=0.1"
+    ]
+    assert active_dropout(torch.nn.Sequential(torch.nn.Dropout(0.0))) == []
+
+    def trainer(name: str) -> Any:
+        return _with_attention_dropout(make_grpo_trainer(tmp_path / name, max_steps=2), 0.3)
+
+    monitor = LLDMonitor(tmp_path / "r0", detector=None, auto_llds=True)
+    with pytest.warns(UserWarning, match=r"attention_dropout=0.3.*auto_llds will not switch"):
+        monitor.attach(trainer("t0"))
+    with pytest.raises(ValueError, match="LLDS cannot be switched on: the model applies dropout"):
+        monitor.llds.enable()
+    alert = Alert(3, "stagnation", "warning", "x", {})
+    monitor._act(alert, 3)  # what an auto_llds alert does: refused, on the record
+    assert not monitor.llds.enabled
+    monitor.close()
+    events = load_run(tmp_path / "r0").events
+    assert "llds_enable_refused" in set(events[C.EVENT_KIND])
+
+    with pytest.raises(ValueError, match=r"refuses LLDS here: the model applies dropout"):
+        LLDMonitor(tmp_path / "r1", llds=LLDSConfig()).attach(trainer("t1"))
+
+    forced = LLDMonitor(tmp_path / "r2", llds=LLDSConfig(), llds_with_dropout=True, detector=None)
+    with pytest.warns(UserWarning, match="applies dropout"):
+        forced.attach(trainer("t2"))
+    assert forced.llds.enabled
+    forced.close()
+
+    with warnings.catch_warnings():  # TRL's default disable_dropout=True, no attention dropout
+        warnings.simplefilter("error", UserWarning)
+        LLDMonitor(tmp_path / "r3", detector=None).attach(make_grpo_trainer(tmp_path / "t3"))
+
+
+class _EnableThenStop(TrainerCallback):
+    """Switches LLDS on at the end of one step; optionally stops training at another."""
+
+    def __init__(self, monitor: LLDMonitor, enable_at: int, stop_at: int | None = None) -> None:
+        self.monitor, self.enable_at, self.stop_at = monitor, enable_at, stop_at
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if state.global_step == self.enable_at:
+            self.monitor.llds.enable(0.5)
+        if state.global_step == self.stop_at:
+            control.should_training_stop = True  # preempted after checkpoint-2
+        return control
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rebuild", [False, True], ids=["on_train_begin", "transformers_restore"])
+def test_resume_from_checkpoint_continues_the_run_like_an_uninterrupted_one(
+    tmp_path: Any, rebuild: bool
+) -> None:
+    """rebuild: transformers rebuilds the callback from its saved state (the option's path)."""
+    config = {"max_steps": 4, "steps_per_generation": 2, "save_strategy": "steps", "save_steps": 2}
+    config["restore_callback_states_from_checkpoint"] = rebuild
+
+    def run(name: str, monitor: LLDMonitor, stop_at: int | None, enable: bool, **train: Any):
+        trainer = make_grpo_trainer(tmp_path / name, **config)
+        monitor.attach(trainer)
+        if enable:
+            trainer.add_callback(_EnableThenStop(monitor, 1, stop_at))
+        trainer.train(**train)
+        return trainer
+
+    full = LLDMonitor(tmp_path / "full", probe_fraction=0.5)
+    run("t_full", full, None, True)
+
+    first = LLDMonitor(tmp_path / "run", probe_fraction=0.5)
+    run("t_run", first, 3, True)
+    assert load_run(tmp_path / "run").steps[C.STEP].tolist() == [1, 2, 3]
+    with pytest.raises(FileExistsError, match="pass resume=True to continue it"):
+        LLDMonitor(tmp_path / "run")
+    resumed = LLDMonitor(tmp_path / "run", probe_fraction=0.5, resume=True)
+    run("t_run", resumed, None, False, resume_from_checkpoint=str(tmp_path / "t_run/checkpoint-2"))
+
+    a = load_run(tmp_path / "full")
+    b = load_run(tmp_path / "run")
+    assert b.steps[C.STEP].tolist() == [1, 2, 3, 4]  # appended, step 3 not written twice
+    cols = [c for c in a.steps.columns if c != C.TIME]
+    for (_, ra), (_, rb) in zip(a.steps.iterrows(), b.steps.iterrows(), strict=True):
+        for c in cols:
+            if isinstance(ra[c], str):
+                assert rb[c] == ra[c], (ra[C.STEP], c)
+            else:
+                assert rb[c] == pytest.approx(ra[c], rel=1e-5, abs=1e-6, nan_ok=True), (
+                    ra[C.STEP],
+                    c,
+                )
+    # LLDS came back on from the checkpoint (nobody enabled it in the resumed part) ...
+    assert b.steps[C.LLDS_ENABLED].tolist() == [0, 1, 1, 1]
+    assert resumed.llds.enabled and resumed.llds.lam == 0.5
+    # ... and the detector went on from the checkpoint's state, as in the uninterrupted run.
+    assert resumed.detector.state_dict() == full.detector.state_dict()
+    kinds = list(b.events[C.EVENT_KIND])
+    assert kinds.count("llds_enable") == 1 and "resume" in kinds and "restore" in kinds
+    assert b.events[b.events[C.EVENT_KIND] == "restore"][C.EVENT_STEP].tolist() == [3]
+
+
+def test_second_train_call_warns_that_it_runs_unmonitored(tmp_path: Any) -> None:
+    monitor = LLDMonitor(tmp_path / "run", detector=None)
+    trainer = make_grpo_trainer(tmp_path / "t", max_steps=1)
+    monitor.attach(trainer)
+    trainer.train()
+    with pytest.warns(UserWarning, match="this train\\(\\) runs unmonitored"):
+        trainer.train()
+
+
+def test_subclass_overriding_compute_loss_is_hooked_not_refused(tmp_path: Any) -> None:
+    from trl import GRPOTrainer
+
+    class Keeps(GRPOTrainer):
+        def _compute_loss(self, model: Any, inputs: Any) -> Any:
+            return super()._compute_loss(model, inputs)
+
+    class Forwards(GRPOTrainer):
+        def _compute_loss(self, *args: Any, **kwargs: Any) -> Any:
+            return super()._compute_loss(*args, **kwargs)
+
+    class Renames(GRPOTrainer):
+        def _compute_loss(self, net: Any, batch: Any) -> Any:
+            return super()._compute_loss(net, batch)
+
+    assert trl_adapter.override_problems(Keeps) == []
+    assert trl_adapter.override_problems(Forwards) == []
+    assert trl_adapter.override_problems(Renames) == [
+        "Renames._compute_loss overrides GRPOTrainer._compute_loss with parameters "
+        "('self', 'net', 'batch'), expected ('self', 'model', 'inputs')"
+    ]
+    trainer = make_grpo_trainer(tmp_path / "t", max_steps=1)
+    trainer.__class__ = Keeps  # the same trainer, as the subclass
+    monitor = LLDMonitor(tmp_path / "run", detector=None, strict=True).attach(trainer)
+    trainer.train()
+    assert load_run(tmp_path / "run").steps[C.ACCURACY].notna().all()
+    trainer.__class__ = Renames
+    with pytest.raises(RuntimeError, match=r"cannot hook Renames: Renames._compute_loss overrides"):
+        LLDMonitor(tmp_path / "run2").attach(trainer)
+    assert monitor.closed
+
+
 def _events(run_dir: Any, kind: str) -> Any:
     events = load_run(run_dir).events
     return events[events[C.EVENT_KIND] == kind]
@@ -591,3 +857,30 @@ def test_zero_reward_variance_warns_once_during_the_run(tmp_path: Any) -> None:
     assert notes[C.EVENT_STEP].tolist() == [1]  # once, at the first rollout batch
     assert notes[C.EVENT_EVIDENCE].iloc[0][C.FRAC_ZERO_STD_GROUPS] == 1.0
     assert "LLDS is on" in notes[C.EVENT_MESSAGE].iloc[0]
+
+
+def test_checkpoint_state_that_is_not_json_does_not_fail_the_save(tmp_path: Any) -> None:
+    """A custom detector whose state is not JSON: the checkpoint is saved without it."""
+
+    class OddDetector:
+        phase = "healthy"
+
+        def update(self, row: Any) -> list:
+            return []
+
+        def state_dict(self) -> dict:
+            return {"buffer": torch.zeros(2)}  # not JSON
+
+    monitor = LLDMonitor(tmp_path / "run", detector=OddDetector())
+    trainer = make_grpo_trainer(tmp_path / "t", max_steps=2, save_strategy="steps", save_steps=1)
+    monitor.attach(trainer)
+    trainer.train()
+    assert (tmp_path / "t" / "checkpoint-2" / "trainer_state.json").exists()
+    events = load_run(tmp_path / "run").events
+    assert "checkpoint state" in set(events[C.EVENT_KIND])
+    resumed = LLDMonitor(tmp_path / "run", detector=OddDetector(), resume=True)
+    trainer = make_grpo_trainer(tmp_path / "t", max_steps=3, save_strategy="no")
+    resumed.attach(trainer)
+    with pytest.warns(UserWarning, match="without the monitor's state"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "t" / "checkpoint-2"))
+    assert load_run(tmp_path / "run").steps[C.STEP].tolist() == [1, 2, 3]

@@ -8,14 +8,17 @@ absent for a plain Trainer (no rollouts); the run's meta says so.
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 from lld_monitor import columns as C
 
@@ -48,15 +51,95 @@ def signature_problems(cls: type, methods: dict[str, tuple[str, ...]]) -> list[s
     return problems
 
 
-class _Callback(TrainerCallback):
-    """Forwards Trainer events to the adapter; writes only ``control``."""
+def active_dropout(model: torch.nn.Module) -> list[str]:
+    """Where ``model`` applies dropout in training mode: ``["name: p=0.1", ...]`` (empty if none).
 
-    def __init__(self, adapter: TrainerAdapter) -> None:
-        self.adapter = adapter
+    Finds ``nn.Dropout`` modules with ``p > 0`` (what TRL's ``disable_dropout`` zeroes) and the
+    functional attention dropout of transformers' attention modules (``attention_dropout``,
+    which ``disable_dropout`` leaves as it is).
+    """
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
+            found.append(f"{name or type(module).__name__}: p={module.p:g}")
+        p = getattr(module, "attention_dropout", None)
+        if isinstance(p, int | float) and not isinstance(p, bool) and p > 0:
+            found.append(f"{name}.attention_dropout={p:g}")
+    return found
+
+
+def dropout_problem(model: torch.nn.Module) -> str | None:
+    """Why dropout makes the LLD measurement noise in ``model``, or None without dropout."""
+    found = active_dropout(model)
+    if not found:
+        return None
+    shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return (
+        f"the model applies dropout in training ({shown}): the post-update probe and the LLDS "
+        "term compare two differently-dropped forwards, so the displacement columns are noise "
+        "(with lr 0 most tokens read as displaced) and LLDS puts a gradient on that noise. "
+        "Disable it: GRPOConfig(disable_dropout=True) zeroes nn.Dropout; set the model "
+        "config's attention_dropout=0 too"
+    )
+
+
+class LLDMonitorCallback(TrainerCallback, ExportableState):
+    """Forwards Trainer events to the adapter; writes only ``control``.
+
+    An ``ExportableState``: the monitor's :meth:`~lld_monitor.LLDMonitor.state_dict` is saved
+    with every checkpoint (``trainer_state.json``) and restored at ``on_train_begin`` when
+    training resumes from one. Each adapter binds a subclass of the same name to itself, so the
+    callback transformers rebuilds with ``restore_callback_states_from_checkpoint=True``
+    (``type(callback)()``) still reaches the live monitor.
+    """
+
+    bound_adapter: TrainerAdapter | None = None
+
+    def __init__(self, adapter: TrainerAdapter | None = None) -> None:
+        self.adapter = adapter if adapter is not None else type(self).bound_adapter
+        if self.adapter is None:
+            raise ValueError("LLDMonitorCallback needs the adapter it forwards to")
+
+    @classmethod
+    def bound_to(cls, adapter: TrainerAdapter) -> LLDMonitorCallback:
+        bound = type(cls.__name__, (cls,), {"bound_adapter": adapter})
+        return bound(adapter)
 
     @property
     def active(self) -> bool:
         return not self.adapter.monitor.closed
+
+    def state(self) -> dict[str, Any]:
+        """Saved in ``trainer_state.json``: must be plain JSON, and must never fail a save."""
+        lld_state = None
+        with self.adapter.monitor.guard("checkpoint state"):
+            state = self.adapter.monitor.state_dict()
+            json.dumps(state)  # e.g. a custom detector whose state is not JSON: not saved
+            lld_state = state
+        return {"args": {}, "attributes": {"lld_state": lld_state}}
+
+    @property
+    def lld_state(self) -> dict[str, Any]:
+        return self.adapter.monitor.state_dict()
+
+    @lld_state.setter
+    def lld_state(self, value: Mapping[str, Any]) -> None:  # transformers' own restore path
+        self.adapter.callback = self
+        if value is not None:  # None: not saved; on_train_begin says so
+            self.adapter.restore(value)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.adapter.monitor.closed:
+            warnings.warn(
+                "lld_monitor: this trainer's monitor was closed when the previous train() ended; "
+                "this train() runs unmonitored. Attach a new LLDMonitor (resume=True on the same "
+                "folder continues it)",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        with self.adapter.hook("on_train_begin"):
+            self.adapter.on_train_begin(state)
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not self.active:
@@ -99,12 +182,13 @@ class TrainerAdapter:
     def __init__(self, monitor: Any, trainer: Trainer) -> None:
         self.monitor = monitor
         self.trainer = trainer
-        self.callback = _Callback(self)
+        self.callback = LLDMonitorCallback.bound_to(self)
         self._originals: dict[str, Callable[..., Any]] = {}
         self._loss: torch.Tensor | None = None
         self._lr: float | None = None
         self._pending: int | None = None  # step whose row waits for on_log
         self._installed = False
+        self._restored = False
         self.hook_seconds = 0.0  # wall time spent in the monitor's hooks (overhead, benchmarks)
 
     @contextmanager
@@ -210,6 +294,42 @@ class TrainerAdapter:
     def finish_step(self, step: int, extra: Mapping[str, Any]) -> dict[str, Any]:
         return self.monitor.end_step(step=step, **{**extra, **self.extra_columns()})
 
+    def on_train_begin(self, state: Any) -> None:
+        """On a resume from a checkpoint, restore the monitor's state saved with it."""
+        if state.global_step <= 0:
+            if self.monitor.resumed_last_step is not None:
+                warnings.warn(
+                    f"lld_monitor: the run folder {self.monitor.run_dir} already holds steps up "
+                    f"to {self.monitor.resumed_last_step} but training starts from step 0: rows "
+                    "of those steps will not be written again. Resume from a checkpoint, or give "
+                    "the monitor a new folder",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            return
+        saved = (state.stateful_callbacks or {}).get(type(self.callback).__name__)
+        if isinstance(saved, list):
+            saved = saved[0] if saved else None
+        lld_state = (saved or {}).get("attributes", {}).get("lld_state")
+        if lld_state is None:
+            warnings.warn(
+                f"lld_monitor: training resumes at step {state.global_step} from a checkpoint "
+                "without the monitor's state (saved before the monitor was attached?): the LLDS "
+                "switch, detector and phase start afresh",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        self.restore(lld_state)
+
+    def restore(self, lld_state: Mapping[str, Any]) -> None:
+        """Load a saved monitor state once (both restore paths may call it)."""
+        if self._restored:
+            return
+        self._restored = True
+        with self.monitor.guard("restore monitor state"):  # e.g. other detector settings
+            self.monitor.load_state_dict(lld_state)
+
     def on_train_end(self, state: Any) -> None:
         if self._pending is not None:
             step, self._pending = self._pending, None
@@ -224,3 +344,6 @@ class TrainerAdapter:
             control.should_save = True
             self.monitor.should_save = False
         return control
+
+
+_Callback = LLDMonitorCallback  # the former name

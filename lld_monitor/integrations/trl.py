@@ -21,7 +21,8 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import math
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -30,8 +31,10 @@ from trl import GRPOTrainer
 
 from lld_monitor import columns as C
 from lld_monitor.integrations.transformers import (
+    WRAPPED_TRAINER_METHODS,
     TrainerAdapter,
     check_trainer_internals,
+    dropout_problem,
     signature_problems,
 )
 from lld_monitor.metrics import last_action_mask, tool_rounds
@@ -124,6 +127,31 @@ def check_grpo_internals(cls: type = GRPOTrainer) -> list[str]:
     return check_trainer_internals(cls) + signature_problems(cls, WRAPPED_GRPO_METHODS)
 
 
+def override_problems(cls: type) -> list[str]:
+    """Wrapped methods a GRPOTrainer subclass overrides with parameters the adapter cannot pass.
+
+    An override is fine when it keeps the leading parameters of GRPOTrainer's method or takes
+    ``*args``; TRL's own internals are checked separately (:func:`check_grpo_internals`).
+    """
+    import inspect
+
+    problems = []
+    for name, params in {**WRAPPED_GRPO_METHODS, **WRAPPED_TRAINER_METHODS}.items():
+        fn = getattr(cls, name, None)
+        if fn is None or fn is getattr(GRPOTrainer, name, None):
+            continue  # not overridden
+        sig = list(inspect.signature(fn).parameters.values())
+        if any(p.kind is p.VAR_POSITIONAL for p in sig):
+            continue
+        got = tuple(p.name for p in sig)[: len(params)]
+        if got != params:
+            problems.append(
+                f"{cls.__name__}.{name} overrides GRPOTrainer.{name} with parameters {got}, "
+                f"expected {params}"
+            )
+    return problems
+
+
 def llds_reuse_problem(
     num_iterations: int, steps_per_generation: int, gradient_accumulation_steps: int
 ) -> str | None:
@@ -146,11 +174,52 @@ def llds_reuse_problem(
     )
 
 
+def zero_std_groups(groups: torch.Tensor) -> torch.Tensor:
+    """Float [N] 1 where a prompt group's scored rewards ([N, G], NaN = unscored) are all equal.
+
+    As TRL's ``frac_reward_zero_std``: unscored completions are left out, and a group with fewer
+    than two scored completions has no standard deviation (not zero).
+    """
+    scored = ~torch.isnan(groups)  # [N, G]
+    n = scored.sum(1)  # [N]
+    filled = torch.where(scored, groups, 0.0)
+    mean = filled.sum(1, keepdim=True) / n.clamp(min=1).unsqueeze(1)  # [N, 1]
+    dev = torch.where(scored, (groups - mean) ** 2, 0.0).sum(1)  # [N]
+    return ((n >= 2) & (dev < 1e-16)).float()
+
+
+def finished_generations(
+    starts: Mapping[int, int],
+    step: int,
+    steps_per_generation: int,
+    num_iterations: int,
+    *,
+    final: bool = False,
+) -> list[int]:
+    """Ids of the generation batches that get no further optimizer update, in order.
+
+    ``starts`` maps a generation id to TRL's micro-step counter (``GRPOTrainer._step``) when it
+    was generated; ``step`` is that counter now. A batch is used for ``steps_per_generation *
+    num_iterations`` micro-steps, so it is finished once ``step >= start + that``; at the last
+    optimizer step (``final``) every batch is. A pure function of the counters: the same on
+    every rank, so ranks agree on which batches to probe without communicating.
+    """
+    if steps_per_generation < 1 or num_iterations < 1:
+        raise ValueError(
+            f"steps_per_generation and num_iterations must be >= 1, got {steps_per_generation} "
+            f"and {num_iterations}"
+        )
+    every = steps_per_generation * num_iterations
+    return sorted(gid for gid, start in starts.items() if final or step >= start + every)
+
+
 class GRPOAdapter(TrainerAdapter):
     """Full LLD monitoring of a TRL ``GRPOTrainer``; one row per optimizer step at on_step_end."""
 
     trainer_name = "trl.GRPOTrainer"
     lld_columns = True
+    #: How many LLDS records strict mode keeps (the most recent micro-batches).
+    LLDS_RECORDS_KEPT = 16
     defer_to_log = False
 
     def __init__(self, monitor: Any, trainer: GRPOTrainer) -> None:
@@ -160,11 +229,11 @@ class GRPOAdapter(TrainerAdapter):
         self._n_gen = 0
         self._capture: list[Any] | None = None
         self._tool_counts: tuple[int, int] | None = None  # (calls, failures) of this generation
-        self._rng = torch.Generator().manual_seed(0)  # probe sampling; never the global RNG
         self._warned: set[str] = set()
         self.probe_records: list[Any] = []  # the ProbeRecords of the last step (tests, drill-down)
         self.probe_inputs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, attention) each
-        self.llds_records: list[dict[str, Any]] = []  # strict mode only: inputs of each LLDS term
+        # strict mode only: inputs of the last LLDS_RECORDS_KEPT LLDS terms (tests, drill-down)
+        self.llds_records: list[dict[str, Any]] = []
 
     def meta(self) -> dict[str, Any]:
         args, tr = self.trainer.args, self.trainer
@@ -184,7 +253,7 @@ class GRPOAdapter(TrainerAdapter):
 
     def install(self) -> None:
         check_trl_version()
-        problems = check_grpo_internals(type(self.trainer))
+        problems = check_grpo_internals(GRPOTrainer)  # TRL's own class: the library's internals
         problems += [
             f"GRPOTrainer.{a} is missing" for a in GRPO_ATTRIBUTES if not hasattr(self.trainer, a)
         ]
@@ -194,10 +263,36 @@ class GRPOAdapter(TrainerAdapter):
                 + "; ".join(problems)
                 + f". Install trl{TRL_TESTED_RANGE}."
             )
+        overrides = override_problems(type(self.trainer))
+        if overrides:
+            raise RuntimeError(
+                f"lld_monitor cannot hook {type(self.trainer).__name__}: "
+                + "; ".join(overrides)
+                + ". Keep the overridden methods' leading parameters (or take *args, **kwargs) "
+                "so the adapter can call them as GRPOTrainer does."
+            )
         args = self.trainer.args
         self.monitor.reuse_warning = llds_reuse_problem(
             self.trainer.num_iterations, args.steps_per_generation, args.gradient_accumulation_steps
         )
+        self._check_dropout()
+        names = list(self.trainer.reward_func_names)
+        rule = self.monitor.correctness
+        rule.check_reward_names(names)
+        if len(names) > 1 and not rule.explicit:
+            warnings.warn(
+                f"lld_monitor: this GRPOTrainer has {len(names)} reward functions {names} and "
+                f"no correctness rule: 'correct' means the weighted total reward >= "
+                f"correct_threshold={rule.threshold:g}. With a format reward beside an accuracy "
+                "reward that makes every response correct (or none). Pass correct_reward="
+                "'<the accuracy function>' (and correct_threshold) or correct_fn (docs/monitor.md, "
+                "'What correct means')",
+                UserWarning,
+                stacklevel=3,
+            )
+        for name in names:  # the same on every rank, in this order
+            if name not in self.monitor.reward_fn_names:
+                self.monitor.reward_fn_names.append(name)
         self.monitor.start(trainer=self.trainer_name, lld_columns=True, **self.meta())
         # LLDS on, or auto_llds: say now (not only when the switch fires) what keeps it from acting
         self.monitor.check_llds_can_act(
@@ -212,6 +307,24 @@ class GRPOAdapter(TrainerAdapter):
         self._wrap("_compute_loss", self._compute_loss)
         self.trainer.add_callback(self.callback)
         self._installed = True
+
+    def _check_dropout(self) -> None:
+        """Warn when the model has active dropout; refuse LLDS then unless forced."""
+        problem = dropout_problem(self.trainer.model)
+        if problem is None:
+            return
+        monitor = self.monitor
+        if monitor.llds_with_dropout:
+            warnings.warn(f"lld_monitor: {problem}", UserWarning, stacklevel=4)
+            return
+        if monitor.llds.enabled:
+            raise ValueError(
+                f"lld_monitor refuses LLDS here: {problem}. Pass "
+                "LLDMonitor(llds_with_dropout=True) to use it anyway"
+            )
+        monitor.llds.blocked = f"{problem} (LLDMonitor(llds_with_dropout=True) forces it)"
+        extra = " auto_llds will not switch LLDS on." if monitor.auto_llds else ""
+        warnings.warn(f"lld_monitor: {problem}.{extra}", UserWarning, stacklevel=4)
 
     # -- wrappers -----------------------------------------------------------------------------
 
@@ -260,8 +373,7 @@ class GRPOAdapter(TrainerAdapter):
             out[KEY_REWARDS_PER_FUNC] = rpf[start : start + n_local]
             g = tr.num_generations
             if total_all.numel() % g == 0 and g > 1 and tr.accelerator.is_main_process:
-                groups = total_all.view(-1, g)  # [N_all / G, G]
-                zero = (groups.nan_to_num().std(1) < 1e-8).float()
+                zero = zero_std_groups(total_all.view(-1, g))  # [N_all / G]
                 self.monitor.observe_groups(zero.sum(), zero.numel())
         searches = None  # [B]: no tool feedback in this batch means no searches (V = 0)
         if self._tool_counts is not None or out.get("tool_mask") is not None:
@@ -317,6 +429,13 @@ class GRPOAdapter(TrainerAdapter):
     ) -> torch.Tensor:
         """Observe one micro-batch from TRL's own tensors; add ``lam * L_LLDS / GA`` if enabled."""
         if not captured:
+            cls = type(self.trainer)
+            if cls._compute_loss is not GRPOTrainer._compute_loss:
+                raise RuntimeError(
+                    f"{cls.__name__}._compute_loss (an override of GRPOTrainer's) did not call "
+                    "self._get_per_token_logps_and_entropies: the monitor reads the per-token "
+                    "log-probs from that call (LLD columns and LLDS need them)"
+                )
             raise RuntimeError(
                 "GRPOTrainer._compute_loss no longer calls _get_per_token_logps_and_entropies; "
                 f"TRL internals changed (tested: trl{TRL_TESTED_RANGE})"
@@ -343,11 +462,8 @@ class GRPOAdapter(TrainerAdapter):
             entropy=entropies,
             num_searches=searches,
             kl=kl,
+            rewards_per_func=self._per_func(inputs.get(KEY_REWARDS_PER_FUNC)),
         )
-        rpf = inputs.get(KEY_REWARDS_PER_FUNC)
-        if rpf is not None:
-            for i, name in enumerate(self.trainer.reward_func_names):
-                self.monitor.observe_reward_fn(name, rpf[:, i])
         gen_tag = inputs.get(KEY_GENERATION)
         gen = self._gens.get(int(gen_tag)) if gen_tag is not None else None
         if gen is not None:
@@ -355,6 +471,12 @@ class GRPOAdapter(TrainerAdapter):
         if self.monitor.llds.enabled:
             loss = loss + self._llds(logps, old, adv, mask, gen, searches)
         return loss
+
+    def _per_func(self, rpf: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
+        """{reward function name: [B] raw rewards} from TRL's [B, F] (NaN where None)."""
+        if rpf is None:
+            return None
+        return {name: rpf[:, i] for i, name in enumerate(self.trainer.reward_func_names)}
 
     def _llds(
         self,
@@ -401,6 +523,7 @@ class GRPOAdapter(TrainerAdapter):
                     "term": term.detach(),
                 }
             )
+            del self.llds_records[: -self.LLDS_RECORDS_KEPT]  # bounded: no growth per step
         ga = getattr(self.trainer, "current_gradient_accumulation_steps", None)
         ga = ga or self.trainer.args.gradient_accumulation_steps
         return term / ga
@@ -418,24 +541,50 @@ class GRPOAdapter(TrainerAdapter):
 
     def on_step_end(self, state: Any, control: Any) -> None:
         self.probe_records, self.probe_inputs = [], []
-        with self.monitor.guard("post-update probe"):
+        with self.monitor.guard("post-update probe"):  # a CollectiveError goes through
             self._probe_finished(final=state.max_steps > 0 and state.global_step >= state.max_steps)
-        self.finish_step(state.global_step, {})
+        self.finish_step(state.global_step, {})  # every rank reaches the step reduction
 
     def _probe_finished(self, final: bool) -> None:
-        """Probe every generation batch that will get no further update (all of them if final)."""
-        tr = self.trainer
-        every = tr.args.steps_per_generation * tr.num_iterations
-        done = [gid for gid, g in self._gens.items() if final or tr._step >= g["start"] + every]
-        for gid in sorted(done):
-            gen = self._gens.pop(gid)
-            if self.monitor.probe_fraction > 0 and gen["micro"]:
-                self._probe(list(gen["micro"].values()), stepped=gen.get("stepped", False))
+        """Probe every generation batch that will get no further update (all of them if final).
 
-    def _probe(
+        Which batches are finished is the same on every rank (:func:`finished_generations`). The
+        ranks then agree that each prepared its probe (one small all_reduce) before any forward:
+        under ZeRO-3/FSDP the forward is a collective, so a rank must not skip it alone. A failure
+        inside the forward is a :class:`~lld_monitor.failure.CollectiveError` on several ranks.
+        """
+        tr = self.trainer
+        done = finished_generations(
+            {gid: g["start"] for gid, g in self._gens.items()},
+            tr._step,
+            tr.args.steps_per_generation,
+            tr.num_iterations,
+            final=final,
+        )
+        gens = [self._gens.pop(gid) for gid in done]
+        gens = [g for g in gens if g["micro"]]
+        if not gens or self.monitor.probe_fraction <= 0:
+            return
+        plans: list[dict[str, Any] | None] | None = None
+        with self.monitor.guard("post-update probe"):
+            plans = [
+                self._prepare_probe(list(g["micro"].values()), g.get("stepped", False))
+                for g in gens
+            ]
+        if not self.monitor.agree("post-update probe", plans is not None):
+            return
+        for plan in plans or []:
+            if plan is None:  # multimodal: skipped on every rank alike
+                continue
+            with self.monitor.collective("post-update probe forward"):
+                logp_new = self._probe_forward(plan)
+            with self.monitor.guard("post-update probe"):
+                self._measure(plan, logp_new)
+
+    def _prepare_probe(
         self, micro: list[tuple[dict[str, Any], torch.Tensor]], stepped: bool | None = None
-    ) -> None:
-        """One no-grad forward of a probe sample of a generation batch under the updated policy.
+    ) -> dict[str, Any] | None:
+        """The probe sample of a generation batch (rows, inputs); None for multimodal batches.
 
         ``stepped=False``: no update on this batch changed the weights (learning rate 0, skipped
         steps); the monitor then leaves the probe out of the displacement columns.
@@ -445,7 +594,7 @@ class GRPOAdapter(TrainerAdapter):
             if "multimodal" not in self._warned:
                 self._warned.add("multimodal")
                 logger.warning("lld_monitor: multimodal GRPO batches are not probed (text only)")
-            return
+            return None
         widths = {m[0]["completion_ids"].shape[1] for m in micro} | {
             m[0]["prompt_ids"].shape[1] for m in micro
         }
@@ -468,38 +617,67 @@ class GRPOAdapter(TrainerAdapter):
         old = torch.cat([m[1] for m in micro], 0)  # [B, T]
         batch = completion_ids.shape[0]
         n = max(1, math.ceil(self.monitor.probe_fraction * batch))
-        rows = (
-            torch.randperm(batch, generator=self._rng)[:n].sort().values.to(completion_ids.device)
-        )
-        input_ids = torch.cat([cat("prompt_ids"), completion_ids], 1)[rows]  # [n, P+T]
-        attention = torch.cat([cat("prompt_mask"), completion_mask], 1)[rows]  # [n, P+T]
-        original = self._originals["_get_per_token_logps_and_entropies"]
+        # Seeded by the step: the same sample on every rank and after a resume from a checkpoint.
+        rng = torch.Generator().manual_seed(self.trainer.state.global_step * 1009 + len(micro))
+        rows = torch.randperm(batch, generator=rng)[:n].sort().values.to(completion_ids.device)
+        rewards = cat(KEY_REWARDS)
+        return {
+            "rows": rows,
+            "input_ids": torch.cat([cat("prompt_ids"), completion_ids], 1)[rows],  # [n, P+T]
+            "attention": torch.cat([cat("prompt_mask"), completion_mask], 1)[rows],  # [n, P+T]
+            "completion_ids": completion_ids[rows],  # [n, T]
+            "completion_mask": completion_mask[rows],  # [n, T]
+            "mask": mask[rows],  # [n, T]
+            "old": old[rows],  # [n, T]
+            "rewards": rewards[rows] if rewards is not None else None,  # [n]
+            "rewards_per_func": None
+            if cat(KEY_REWARDS_PER_FUNC) is None
+            else cat(KEY_REWARDS_PER_FUNC)[rows],  # [n, F]
+            "advantages": cat("advantages")[rows],  # [n] or [n, T]
+            "stepped": stepped,
+        }
+
+    def _probe_forward(self, plan: dict[str, Any]) -> torch.Tensor:
+        """[n, T] log-probs under the updated policy, as TRL runs its own no-grad forwards."""
+        from trl.models.utils import disable_gradient_checkpointing
+
         tr = self.trainer
-        with torch.no_grad():
+        original = self._originals["_get_per_token_logps_and_entropies"]
+        with (
+            torch.no_grad(),
+            disable_gradient_checkpointing(tr.model, tr.args.gradient_checkpointing_kwargs),
+        ):
             logp_new, _, _ = original(
                 tr.model,
-                input_ids,
-                attention,
-                completion_ids.shape[1],
+                plan["input_ids"],
+                plan["attention"],
+                plan["completion_ids"].shape[1],
                 batch_size=tr.args.per_device_train_batch_size,
             )  # [n, T]
-        rewards = cat(KEY_REWARDS)
-        rewards = rewards[rows] if rewards is not None else None
-        adv = cat("advantages")[rows]
-        correct = self.monitor.correct_mask(rewards, adv, n, completion_ids.device)
+        return logp_new
+
+    def _measure(self, plan: dict[str, Any], logp_new: torch.Tensor) -> None:
+        tr = self.trainer
+        completion_ids, rows = plan["completion_ids"], plan["rows"]
+        rewards, adv = plan["rewards"], plan["advantages"]
+        input_ids, attention = plan["input_ids"], plan["attention"]
+        n = rows.shape[0]
+        correct = self.monitor.correct_mask(
+            rewards, adv, n, completion_ids.device, self._per_func(plan["rewards_per_func"])
+        )
         tok = getattr(tr.processing_class, "tokenizer", tr.processing_class)
         rec = self.monitor.measure_displacement(
-            old[rows],
+            plan["old"],
             logp_new,
-            mask[rows],
+            plan["mask"],
             correct,
-            token_ids=completion_ids[rows],
+            token_ids=completion_ids,
             rewards=rewards,
             advantages=adv,
             rows=rows,
             tokenizer=tok,
-            completion_mask=completion_mask[rows],  # tool feedback in, padding out
-            stepped=stepped,
+            completion_mask=plan["completion_mask"],  # tool feedback in, padding out
+            stepped=plan["stepped"],
         )
         self.probe_records.append(rec)
         self.probe_inputs.append((input_ids, attention))

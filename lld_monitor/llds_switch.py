@@ -1,0 +1,67 @@
+"""The LLDS switch: thread-safe on/off and lambda; each change goes to an ``on_change`` callback."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+
+class LLDSSwitch:
+    """Thread-safe LLDS on/off switch with its lambda; every change is an intervention event."""
+
+    def __init__(self, config: Any, on_change: Callable[[bool, float, str], None]) -> None:
+        self._lock = threading.Lock()
+        self._config = config
+        self._enabled = bool(config.enabled)
+        self._lam = float(config.lam)
+        self._on_change = on_change
+
+    @property
+    def config(self) -> Any:
+        """The ``LLDSConfig`` (gate, normalisation, answer weighting) with the lambda in force."""
+        with self._lock:
+            return replace(self._config, lam=self._lam, enabled=self._enabled)
+
+    @property
+    def enabled(self) -> bool:
+        with self._lock:
+            return self._enabled
+
+    @property
+    def lam(self) -> float:
+        """Lambda that applies while enabled (kept when disabled)."""
+        with self._lock:
+            return self._lam
+
+    #: Why LLDS may not be switched on in this run (e.g. active dropout), or None.
+    blocked: str | None = None
+
+    def enable(self, lam: float | None = None, *, reason: str = "user") -> None:
+        """Switch LLDS on from the next loss computation; optionally set lambda."""
+        if lam is not None and (not math.isfinite(float(lam)) or float(lam) < 0):
+            raise ValueError(f"LLDS lambda must be a finite number >= 0, got {lam!r}")
+        if self.blocked is not None:
+            raise ValueError(f"LLDS cannot be switched on: {self.blocked}")
+        with self._lock:
+            self._enabled = True
+            if lam is not None:
+                self._lam = float(lam)
+            enabled, lam_now = self._enabled, self._lam
+        self._on_change(enabled, lam_now, reason)
+
+    def disable(self, *, reason: str = "user") -> None:
+        """Switch LLDS off from the next loss computation."""
+        with self._lock:
+            self._enabled = False
+            lam_now = self._lam
+        self._on_change(False, lam_now, reason)
+
+    def _sync(self, enabled: bool, lam: float) -> bool:
+        """Adopt rank 0's state without an event; True when it changed."""
+        with self._lock:
+            changed = enabled != self._enabled or (enabled and abs(lam - self._lam) > 1e-12)
+            self._enabled, self._lam = enabled, lam if enabled else self._lam
+        return changed
