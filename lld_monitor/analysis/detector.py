@@ -377,9 +377,11 @@ class PhaseDetector:
         self._trend_level = -1  # the level behind the current trend rank
         self._recover = float(cfg.recover_steps)  # steps without support before leaving a phase
         self._rw_decline: TrendFit | None = None  # the reward_decline trend, when there is one
+        self._rw_declining: bool | None = None  # cached _reward_declining() (None: stale)
         self._ema = [_NAN] * len(_EMA_NAMES)
         self._last = {k: _NAN for k in ("rw", "fd", "dc", "g", "h", "kl", "len")}
         self._alpha: dict[float, tuple[float, float, float]] = {}  # dt -> weights (a cache)
+        self._damp: dict[float, float] = {}  # fast-EMA weight -> its noise factor (a cache)
         self._rw_peak = _NAN
         self._rw_min = _NAN  # lowest fast reward EMA so far
         self._rw_trough = _NAN  # lowest fast reward EMA before the peak
@@ -489,6 +491,7 @@ class PhaseDetector:
             "since2": list(self._since2),
             "conf": list(self._conf),
             "recover": self._recover,
+            "rw_declining": self._rw_declining,
         }
 
     @classmethod
@@ -539,6 +542,7 @@ class PhaseDetector:
         self._conf = [int(v) for v in state["conf"]]
         self._recover = float(state["recover"])
         self._rw_decline = self._reward_decline()
+        self._rw_declining = state["rw_declining"]
         self._trend_rank, self._trend_level = self._confirmed_trend()
 
     # --- the work -----------------------------------------------------------------------------
@@ -583,26 +587,29 @@ class PhaseDetector:
 
         # --- non-finite loss / grad norm: NaN counts only when the column was seen finite and
         # the row carries other training values (else it is a missing value, e.g. an eval row)
-        other = fin(rw) or fin(h) or fin(kl) or fin(ln)
         if fin(loss):
             seen.add(C.LOSS)
             bad_loss = False
         elif marks is not None:  # the row names its non-finite values: a blank is missing
             bad_loss = loss == loss or C.LOSS in marks
         else:
-            bad_loss = loss == loss or (C.LOSS in seen and other)
+            bad_loss = loss == loss or (
+                C.LOSS in seen and (fin(rw) or fin(h) or fin(kl) or fin(ln))
+            )
         if fin(g):
             bad_grad = False
         elif marks is not None:
             bad_grad = g == g or C.GRAD_NORM in marks
         else:
-            bad_grad = g == g or (C.GRAD_NORM in seen and other)
+            bad_grad = g == g or (C.GRAD_NORM in seen and (fin(rw) or fin(h) or fin(kl) or fin(ln)))
         self._grad_bad = self._grad_bad + 1 if bad_grad else 0
 
         # --- feed the statistics ---------------------------------------------------------------
         if fin(rw):
             seen.add(C.REWARD_MEAN)
             closed = self._rw_ms.push(step, rw)  # ascending levels
+            if closed:
+                self._rw_declining = None  # stale: re-tested when next asked
             if closed and closed[-1] >= 2:
                 self._rw_decline = self._reward_decline()  # re-tested as its bins close
             last = L["rw"]
@@ -809,7 +816,12 @@ class PhaseDetector:
         k = self.config.noise_k
         a = self._w_fast
         # sd of a fast EMA of white noise = sd * sqrt(a / (2 - a)); sd ~ 1.25 * mean abs dev
-        damp = 1.25 * math.sqrt(a / (2.0 - a)) if a == a and 0.0 < a < 2.0 else 1.25
+        damp = self._damp.get(a)
+        if damp is None:
+            damp = 1.25 * math.sqrt(a / (2.0 - a)) if a == a and 0.0 < a < 2.0 else 1.25
+            if len(self._damp) > 256:
+                self._damp.clear()
+            self._damp[a] = damp
         gs, hs, ks = E[_G_S], E[_H_S], E[_KL_S]
         g_ratio = _NAN
         if gs == gs:
@@ -827,10 +839,13 @@ class PhaseDetector:
             drop = peak - E[_RW_F]
             # the peak of a noisy EMA is itself an extreme: over n independent stretches of
             # fast_tau steps it sits about sqrt(2 ln n) noise sd above the level
-            n_ind = max((self._last_step - self._first_step) / self.config.fast_tau, 1.0)
-            extreme = math.sqrt(2.0 * math.log(n_ind)) if n_ind > 1.0 else 0.0
             if scale > 0.0:
-                fall = drop / scale if drop > (k + extreme) * damp * E[_RW_D] else 0.0
+                gate = k * damp * E[_RW_D]
+                if drop > gate:  # (the extreme is only needed past the plain gate)
+                    n_ind = (self._last_step - self._first_step) / self.config.fast_tau
+                    extreme = math.sqrt(2.0 * math.log(n_ind)) if n_ind > 1.0 else 0.0
+                    gate += extreme * damp * E[_RW_D]
+                fall = drop / scale if drop > gate else 0.0
         return g_ratio, h_ratio, kl_ratio, fall
 
     def _reward_decline(self) -> TrendFit | None:
@@ -848,14 +863,18 @@ class PhaseDetector:
                 return r
         return None
 
-    def _reward_declining(self, min_level: int = 0) -> bool:
+    def _reward_declining(self) -> bool:
         """A significant downward reward trend at some scale (a low, noisy reward that merely
-        sits below an early noisy peak is not a fall)."""
-        for level in range(min_level, self.config.trend_levels):
-            r = self._rw_ms.fit(level, need_t=2.0)
-            if r is not None and r.t <= -self._t_crit(r):
-                return True
-        return False
+        sits below an early noisy peak is not a fall); re-tested only after a reward bin has
+        closed since the last test (the collapse rule asks on every row of a collapse)."""
+        if self._rw_declining is None:
+            self._rw_declining = False
+            for level in range(self.config.trend_levels):
+                r = self._rw_ms.fit(level, need_t=2.0)
+                if r is not None and r.t <= -self._t_crit(r):
+                    self._rw_declining = True
+                    break
+        return self._rw_declining
 
     def _t_crit(self, f: TrendFit) -> float:
         """Critical t of a level's test, stricter the more windows of that level the run has
