@@ -107,6 +107,10 @@ STEP_COLUMNS: tuple[str, ...] = (
 # cells. A row that carries this key (even empty) says which of its missing values were
 # non-finite: a blank CSV cell is a missing value, not a NaN. Not a step column.
 NONFINITE = "nonfinite"
+#: The columns whose non-finite values are a numerical failure, and so are named in NONFINITE
+#: (elsewhere a NaN is the monitor's "not measured", e.g. logp_incorrect with no incorrect
+#: response).
+NONFINITE_COLUMNS: tuple[str, ...] = (LOSS, GRAD_NORM)
 
 # --- event log fields -----------------------------------------------------------------------
 EVENT_TYPE = "type"  # one of EVENT_TYPES

@@ -213,6 +213,8 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     by_col: dict[str, list[tuple[int, str]]] = {}
     unmapped: list[str] = []
     for source in frame.columns:
+        if source == C.NONFINITE:  # an lld_monitor run log's own marks: kept below
+            continue
         hit = _LOOKUP.get(str(source).strip())
         fn_col = _reward_fn_name(str(source).strip())
         if hit is not None:
@@ -223,7 +225,10 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             unmapped.append(str(source))
     fn_cols = sorted(c for c in by_col if c.startswith(C.REWARD_FN_PREFIX))
     out = pd.DataFrame(index=frame.index)
-    marks: pd.Series | None = pd.Series("", index=frame.index, dtype=object)
+    marks = pd.Series("", index=frame.index, dtype=object)
+    if C.NONFINITE in frame.columns:  # the run log named the values it stored as null
+        logged = frame[C.NONFINITE]
+        marks = logged.where(logged.map(lambda v: isinstance(v, str)), "").astype(object)
     unreadable = 0  # cells of mapped columns that hold something other than a number
     for col in (*C.STEP_COLUMNS, *fn_cols):
         sources = [s for _, s in sorted(by_col.get(col, []), key=lambda t: t[0])]
@@ -235,13 +240,13 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         for other in numbers[1:]:
             series = series.fillna(other)
         out[col] = series
-        if col in _NONFINITE_CHECKED:
+        if col in C.NONFINITE_COLUMNS:
             lit = _literal_nonfinite(frame[sources[0]])
-            marks = marks.where(~lit, marks + "," + col) if marks is not None else None
+            marks = marks.where(~lit, marks + "," + col)
     if C.STEP not in out.columns:
         out.insert(0, C.STEP, np.arange(1, len(out) + 1, dtype=float))
     # which missing values were literal nan/inf (the rest are blank cells: missing)
-    out[C.NONFINITE] = marks.str.strip(",").replace("", None) if marks is not None else None
+    out[C.NONFINITE] = marks.str.strip(",").replace("", None)
     training = [c for c in out.columns if c not in _NON_TRAINING and c != C.NONFINITE]
     if not training:
         return pd.DataFrame(columns=[C.STEP]), unmapped
@@ -859,7 +864,6 @@ def _as_float(value: Any) -> float | None:
 # --- helpers ------------------------------------------------------------------------------------
 
 
-_NONFINITE_CHECKED = frozenset({C.LOSS, C.GRAD_NORM})
 _NONFINITE_TEXT = frozenset({"nan", "-nan", "inf", "+inf", "-inf", "infinity", "-infinity"})
 
 

@@ -115,7 +115,7 @@ def _plain(value: Any, where: str, *, lenient: bool = False) -> Any:
 def _plain_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """A step row as plain JSON values; the common types take a fast path."""
     out: dict[str, Any] = {}
-    bad: list[str] = []  # non-finite values, stored as null and named in C.NONFINITE
+    bad: list[str] = []  # non-finite loss / grad norm, stored as null, named in C.NONFINITE
     for key, value in row.items():
         kind = type(value)
         if kind is float:
@@ -123,12 +123,13 @@ def _plain_row(row: Mapping[str, Any]) -> dict[str, Any]:
                 out[str(key)] = value
             else:
                 out[str(key)] = None
-                bad.append(str(key))
+                if key in C.NONFINITE_COLUMNS:
+                    bad.append(str(key))
         elif kind is int or kind is str or value is None:
             out[str(key)] = value
         else:
             v = _plain(value, str(key))
-            if v is None:
+            if v is None and key in C.NONFINITE_COLUMNS:
                 bad.append(str(key))
             out[str(key)] = v
     if bad and C.NONFINITE not in out:

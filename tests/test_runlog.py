@@ -504,3 +504,26 @@ def test_nonfinite_values_are_stored_as_null_and_named(tmp_path):
     assert math.isnan(steps[C.LOSS][24])
     # the replay sees the trainer's NaN as non-finite, as the live detector did
     assert [(a.step, a.kind) for a in analyze_run(tmp_path / "run").alerts] == [(25, "nonfinite")]
+
+
+def test_nonfinite_marks_survive_the_importer_and_only_name_failure_columns(tmp_path):
+    from lld_monitor import columns as C
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.importers import load_table
+    from lld_monitor.runlog import RunWriter
+
+    w = RunWriter(tmp_path / "run", meta={"trainer": "test"})
+    for s in range(1, 31):
+        w.log_step(
+            {
+                C.STEP: s,
+                C.LOSS: float("nan") if s == 25 else 0.5,
+                C.LOGP_INCORRECT: float("nan"),  # "not measured": not a failure, not named
+                C.REWARD_MEAN: 0.2,
+            }
+        )
+    w.close()
+    df = load_table(tmp_path / "run")  # the CLI's path: the importer keeps the run's marks
+    assert df[C.NONFINITE].tolist() == [""] * 24 + ["loss"] + [""] * 5
+    assert C.NONFINITE not in (df.attrs.get("unmapped_columns") or [])
+    assert [(a.step, a.kind) for a in analyze_run(df).alerts] == [(25, "nonfinite")]
