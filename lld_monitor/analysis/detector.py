@@ -381,6 +381,7 @@ class PhaseDetector:
         self._ema = [_NAN] * len(_EMA_NAMES)
         self._last = {k: _NAN for k in ("rw", "fd", "dc", "g", "h", "kl", "len")}
         self._alpha: dict[float, tuple[float, float, float]] = {}  # dt -> weights (a cache)
+        self._log_surge = math.log(cfg.grad_surge_ratio)
         self._damp: dict[float, float] = {}  # fast-EMA weight -> its noise factor (a cache)
         self._rw_peak = _NAN
         self._rw_min = _NAN  # lowest fast reward EMA so far
@@ -964,14 +965,26 @@ class PhaseDetector:
     def _rank(self, step: float) -> int:
         """3 when the current windows show a collapse, else 0 (trends: ``_trend_rank``)."""
         cfg = self.config
-        g_ratio, h_ratio, _, fall = self._ratios()
-        # KL is reported, not used: it grows from 0 by design early in every run
-        n_corro = (
-            (g_ratio >= cfg.grad_surge_ratio)
-            + (h_ratio >= cfg.entropy_rise_ratio)
-            + (fall >= cfg.reward_fall_frac)
+        E = self._ema
+        # KL is reported, not used: it grows from 0 by design early in every run.
+        # The ratios of _ratios() only count past their thresholds; the cheap necessary
+        # conditions come first, so a quiet row never computes the noise gates.
+        gs, hs, peak = E[_G_S], E[_H_S], self._rw_peak
+        maybe = (
+            (gs == gs and E[_G_F] - gs >= self._log_surge)
+            or (hs == hs and hs > 0.0 and E[_H_F] >= cfg.entropy_rise_ratio * hs)
+            or (peak == peak and peak - E[_RW_F] >= cfg.reward_fall_frac * abs(peak))
         )
-        fd_high = self._ema[_FD_F] >= cfg.displaced_frac
+        fall = 0.0
+        n_corro = 0
+        if maybe:
+            g_ratio, h_ratio, _, fall = self._ratios()
+            n_corro = (
+                (g_ratio >= cfg.grad_surge_ratio)
+                + (h_ratio >= cfg.entropy_rise_ratio)
+                + (fall >= cfg.reward_fall_frac)
+            )
+        fd_high = E[_FD_F] >= cfg.displaced_frac
         if n_corro + fd_high == 0:
             return 0  # (the fits below are only needed with a corroborating signal)
         lp1 = self._lp_ms.fit(1) if C.LOGP_CORRECT in self._seen else None  # ~60-step window
