@@ -138,11 +138,15 @@ def main(argv: list[str] | None = None) -> int:
         return ((new - old) * mask).sum().item()
 
     def metrics() -> dict:
-        return likelihood_displacement(old, new, mask, rewards=rewards).as_row()
+        return likelihood_displacement(
+            logp_old=old, logp_new=new, mask=mask, rewards=rewards
+        ).as_row()
 
     def metrics_ids() -> dict:
         action_ids(mask)
-        return likelihood_displacement(old, new, mask, rewards=rewards).as_row()
+        return likelihood_displacement(
+            logp_old=old, logp_new=new, mask=mask, rewards=rewards
+        ).as_row()
 
     med = interleaved_times(
         {"masked pass": baseline, "metrics": metrics, "metrics+ids": metrics_ids},
@@ -172,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     def llds_fn(gate: str) -> Callable[[], None]:
         def fn() -> None:
             leaf.grad = None
-            llds_loss(leaf, old, adv, mask, gate=gate).loss.backward()
+            llds_loss(
+                logp_new=leaf, logp_old=old, advantages=adv, mask=mask, gate=gate
+            ).loss.backward()
 
         return fn
 

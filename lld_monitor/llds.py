@@ -195,11 +195,11 @@ def _token_weights(
 
 
 def llds_loss(
+    *,
     logp_new: torch.Tensor,
     logp_old: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    *,
     gate: str = "action",
     answer_mask: torch.Tensor | None = None,
     answer_weight: float | torch.Tensor = 1.0,

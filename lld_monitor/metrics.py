@@ -289,6 +289,7 @@ def per_response_delta(
 
 
 def displacement_sums(
+    *,
     logp_old: torch.Tensor,
     logp_new: torch.Tensor | None,
     mask: torch.Tensor,
@@ -452,6 +453,7 @@ def stats_from_sums(sums: torch.Tensor) -> LLDStats:
 
 
 def likelihood_displacement(
+    *,
     logp_old: torch.Tensor,
     logp_new: torch.Tensor | None,
     mask: torch.Tensor,
@@ -478,7 +480,9 @@ def likelihood_displacement(
     correct = correct_mask(rewards, advantages, correct_threshold)
     if correct.device != logp_old.device:
         correct = correct.to(logp_old.device)
-    sums = displacement_sums(logp_old, logp_new, mask, correct, action_ids=action_ids)
+    sums = displacement_sums(
+        logp_old=logp_old, logp_new=logp_new, mask=mask, correct=correct, action_ids=action_ids
+    )
     return stats_from_sums(sums)
 
 

@@ -549,7 +549,9 @@ class LLDMonitor:
         if rewards is not None:  # unscored responses are in neither likelihood group
             finite = torch.isfinite(rewards.reshape(-1).to(mask.device))  # [B]
             scored_mask = mask * finite[:, None].to(mask.dtype)
-        sums = displacement_sums(logp_old, logp_new, scored_mask, correct)
+        sums = displacement_sums(
+            logp_old=logp_old, logp_new=logp_new, mask=scored_mask, correct=correct
+        )
         gen = mask.to(logp_old.device) != 0  # [B, L]
         moved = ((logp_new != logp_old) & gen).any()  # device bool: did any log-prob change?
         if stepped is False:
@@ -605,10 +607,10 @@ class LLDMonitor:
             if kw.get("answer_mask") is not None and "answer_weight" not in kw:
                 kw["answer_weight"] = cfg.answer_weight(searches)
             out = llds_loss(
-                logp_new,
-                logp_old.detach(),
-                advantages,
-                mask,
+                logp_new=logp_new,
+                logp_old=logp_old.detach(),
+                advantages=advantages,
+                mask=mask,
                 gate=cfg.gate,
                 normalize=cfg.normalize,
                 **kw,

@@ -173,7 +173,9 @@ class StepMetrics:
             vals.append(ns.sum())
             self.add("searches_count", float(ns.numel()))
         self.add_group(tuple(names), [v.float() for v in vals])
-        sums = displacement_sums(logp_old, None, scored_mask, correct)
+        sums = displacement_sums(
+            logp_old=logp_old, logp_new=None, mask=scored_mask, correct=correct
+        )
         self.conf = sums if self.conf is None else self.conf + sums
 
     def add_probe(self, sums: torch.Tensor, moved: torch.Tensor | bool = True) -> None:

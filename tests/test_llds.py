@@ -78,7 +78,12 @@ EXPECTED_GATED = {"action": (2, 4), "response": (2, 3), "token": (6, 12)}
 def test_hand_values_every_gate_and_normalisation(gate, normalize):
     b = hand_batch()
     out = llds_loss(
-        b["logp_new"], b["logp_old"], b["advantages"], b["mask"], gate=gate, normalize=normalize
+        logp_new=b["logp_new"],
+        logp_old=b["logp_old"],
+        advantages=b["advantages"],
+        mask=b["mask"],
+        gate=gate,
+        normalize=normalize,
     )
     assert isinstance(out, LLDSOutput)
     assert out.loss.dim() == 0 and out.loss.requires_grad
@@ -93,7 +98,9 @@ def test_hand_values_every_gate_and_normalisation(gate, normalize):
 def test_hand_gradient_action_paper():
     # dL/dlogp_new = -(1/|P|) (1/n_i) on gated tokens with d > 0, 0 elsewhere (|P| = 3)
     b = hand_batch()
-    llds_loss(b["logp_new"], b["logp_old"], b["advantages"], b["mask"]).loss.backward()
+    llds_loss(
+        logp_new=b["logp_new"], logp_old=b["logp_old"], advantages=b["advantages"], mask=b["mask"]
+    ).loss.backward()
     expected = torch.zeros(4, 6)
     expected[0, 0] = -1 / (3 * 5)  # a0's only token with d > 0
     expected[1, 0] = expected[1, 1] = -1 / (3 * 4)  # row 1's tokens with d > 0
@@ -104,10 +111,10 @@ def test_hand_gradient_token_mean_response():
     # response gate, token_mean: -1/18 on every token with d > 0 of gated rows 0 and 1
     b = hand_batch()
     out = llds_loss(
-        b["logp_new"],
-        b["logp_old"],
-        b["advantages"],
-        b["mask"],
+        logp_new=b["logp_new"],
+        logp_old=b["logp_old"],
+        advantages=b["advantages"],
+        mask=b["mask"],
         gate="response",
         normalize="token_mean",
     )
@@ -121,7 +128,9 @@ def test_hand_gradient_token_mean_response():
 def test_logp_old_gets_no_gradient():
     b = hand_batch()
     old = b["logp_old"].clone().requires_grad_(True)
-    llds_loss(b["logp_new"], old, b["advantages"], b["mask"]).loss.backward()
+    llds_loss(
+        logp_new=b["logp_new"], logp_old=old, advantages=b["advantages"], mask=b["mask"]
+    ).loss.backward()
     assert old.grad is None
 
 
@@ -139,10 +148,10 @@ def test_gradcheck_float64(gate):
 
     def f(x: torch.Tensor) -> torch.Tensor:
         return llds_loss(
-            x,
-            b["logp_old"],
-            b["advantages"],
-            b["mask"],
+            logp_new=x,
+            logp_old=b["logp_old"],
+            advantages=b["advantages"],
+            mask=b["mask"],
             gate=gate,
             answer_mask=answer,
             answer_weight=0.5,
@@ -159,20 +168,20 @@ def test_answer_weighting_float_and_per_response():
     # action/paper, beta 0.5: row 0's answer action is not gated -> row 0 still 1/5;
     # row 1: 0.25 + 0.5 * 0.25 = 0.375 -> 0.375/4; row 3: 0
     out = llds_loss(
-        b["logp_new"],
-        b["logp_old"],
-        b["advantages"],
-        b["mask"],
+        logp_new=b["logp_new"],
+        logp_old=b["logp_old"],
+        advantages=b["advantages"],
+        mask=b["mask"],
         answer_mask=answer,
         answer_weight=0.5,
     )
     assert out.loss.item() == pytest.approx((0.2 + 0.375 / 4) / 3)
     # token/paper, beta 0.5: row 0: 1 + 0.5 * (0.5 + 0.25) = 1.375; row 1: 0.375; row 3: 0.5
     out = llds_loss(
-        b["logp_new"],
-        b["logp_old"],
-        b["advantages"],
-        b["mask"],
+        logp_new=b["logp_new"],
+        logp_old=b["logp_old"],
+        advantages=b["advantages"],
+        mask=b["mask"],
         gate="token",
         answer_mask=answer,
         answer_weight=0.5,
@@ -181,10 +190,10 @@ def test_answer_weighting_float_and_per_response():
     # per-response beta [0.5, 0, 9, 1]: row 1's answer token weighs 0 -> row 1: 0.25
     beta = torch.tensor([0.5, 0.0, 9.0, 1.0])
     out = llds_loss(
-        b["logp_new"],
-        b["logp_old"],
-        b["advantages"],
-        b["mask"],
+        logp_new=b["logp_new"],
+        logp_old=b["logp_old"],
+        advantages=b["advantages"],
+        mask=b["mask"],
         gate="token",
         answer_mask=answer,
         answer_weight=beta,
@@ -199,10 +208,10 @@ def test_gate_uses_unweighted_d():
     logp_new = torch.tensor([[-0.25, 0.5]], requires_grad=True)
     answer = torch.tensor([[False, True]])
     out = llds_loss(
-        logp_new,
-        logp_old,
-        torch.tensor([1.0]),
-        torch.ones(1, 2),
+        logp_new=logp_new,
+        logp_old=logp_old,
+        advantages=torch.tensor([1.0]),
+        mask=torch.ones(1, 2),
         answer_mask=answer,
         answer_weight=0.0,
     )
@@ -219,7 +228,13 @@ def test_action_id_override_and_token_advantages():
     ids[3, :3] = 0
     adv_tokens = b["advantages"][:, None].expand(4, 6).clone()
     adv_tokens[b["mask"] == 0] = -7.0  # masked advantages are ignored
-    out = llds_loss(b["logp_new"], b["logp_old"], adv_tokens, b["mask"], action_ids=ids)
+    out = llds_loss(
+        logp_new=b["logp_new"],
+        logp_old=b["logp_old"],
+        advantages=adv_tokens,
+        mask=b["mask"],
+        action_ids=ids,
+    )
     assert out.loss.item() == pytest.approx((1.75 / 5 + 0.125) / 3)
     assert int(out.n_gated) == 2 and out.frac_gated.item() == pytest.approx(2 / 3)
 
@@ -229,17 +244,36 @@ def test_action_id_override_and_token_advantages():
 def test_zero_when_unchanged_and_when_nothing_preserved(gate, normalize):
     b = hand_batch()
     new = b["logp_old"].clone().requires_grad_(True)
-    out = llds_loss(new, b["logp_old"], b["advantages"], b["mask"], gate=gate, normalize=normalize)
+    out = llds_loss(
+        logp_new=new,
+        logp_old=b["logp_old"],
+        advantages=b["advantages"],
+        mask=b["mask"],
+        gate=gate,
+        normalize=normalize,
+    )
     out.loss.backward()
     assert out.loss.item() == 0.0 and int(out.n_gated) == 0 and out.frac_gated.item() == 0.0
     assert torch.count_nonzero(new.grad) == 0
     neg = -torch.ones(4)
-    out = llds_loss(b["logp_new"], b["logp_old"], neg, b["mask"], gate=gate, normalize=normalize)
+    out = llds_loss(
+        logp_new=b["logp_new"],
+        logp_old=b["logp_old"],
+        advantages=neg,
+        mask=b["mask"],
+        gate=gate,
+        normalize=normalize,
+    )
     assert out.loss.item() == 0.0 and not math.isnan(out.frac_gated.item())
     assert int(out.n_preserving_tokens) == 0
     empty = torch.zeros_like(b["mask"])
     out = llds_loss(
-        b["logp_new"], b["logp_old"], b["advantages"], empty, gate=gate, normalize=normalize
+        logp_new=b["logp_new"],
+        logp_old=b["logp_old"],
+        advantages=b["advantages"],
+        mask=empty,
+        gate=gate,
+        normalize=normalize,
     )
     assert out.loss.item() == 0.0
     out.loss.backward()  # still differentiable
@@ -295,17 +329,35 @@ def test_config_defaults_and_validation():
 def test_bad_arguments(kwargs, message):
     b = hand_batch()
     with pytest.raises(ValueError, match=message):
-        llds_loss(b["logp_new"], b["logp_old"], b["advantages"], b["mask"], **kwargs)
+        llds_loss(
+            logp_new=b["logp_new"],
+            logp_old=b["logp_old"],
+            advantages=b["advantages"],
+            mask=b["mask"],
+            **kwargs,
+        )
 
 
 def test_bad_shapes():
     b = hand_batch()
     with pytest.raises(ValueError, match="advantages"):
-        llds_loss(b["logp_new"], b["logp_old"], b["advantages"][:3], b["mask"])
+        llds_loss(
+            logp_new=b["logp_new"],
+            logp_old=b["logp_old"],
+            advantages=b["advantages"][:3],
+            mask=b["mask"],
+        )
     with pytest.raises(ValueError, match="shape"):
-        llds_loss(b["logp_new"], b["logp_old"][:, :5], b["advantages"], b["mask"])
+        llds_loss(
+            logp_new=b["logp_new"],
+            logp_old=b["logp_old"][:, :5],
+            advantages=b["advantages"],
+            mask=b["mask"],
+        )
     with pytest.raises(ValueError, match="floating-point"):
-        llds_loss(b["logp_new"], b["mask"], b["advantages"], b["mask"])
+        llds_loss(
+            logp_new=b["logp_new"], logp_old=b["mask"], advantages=b["advantages"], mask=b["mask"]
+        )
 
 
 # --- properties -------------------------------------------------------------------------------
@@ -340,10 +392,10 @@ SETTINGS = st.tuples(
 
 def run(b: dict[str, torch.Tensor], gate: str, normalize: str, beta: float) -> LLDSOutput:
     return llds_loss(
-        b["logp_new"],
-        b["logp_old"],
-        b["advantages"],
-        b["mask"],
+        logp_new=b["logp_new"],
+        logp_old=b["logp_old"],
+        advantages=b["advantages"],
+        mask=b["mask"],
         gate=gate,
         normalize=normalize,
         answer_mask=b["answer"],
@@ -404,10 +456,10 @@ def test_cuda_matches_cpu():
     cuda = {k: v.detach().cuda() for k, v in b.items()}
     for (gate, normalize), want in EXPECTED.items():
         out = llds_loss(
-            cuda["logp_new"].requires_grad_(True),
-            cuda["logp_old"],
-            cuda["advantages"],
-            cuda["mask"],
+            logp_new=cuda["logp_new"].requires_grad_(True),
+            logp_old=cuda["logp_old"],
+            advantages=cuda["advantages"],
+            mask=cuda["mask"],
             gate=gate,
             normalize=normalize,
         )
@@ -461,7 +513,9 @@ def test_matches_loop_reference(s):
 def test_half_precision_inputs():
     b = hand_batch()
     new = b["logp_new"].detach().bfloat16().requires_grad_(True)
-    out = llds_loss(new, b["logp_old"].bfloat16(), b["advantages"], b["mask"])
+    out = llds_loss(
+        logp_new=new, logp_old=b["logp_old"].bfloat16(), advantages=b["advantages"], mask=b["mask"]
+    )
     out.loss.backward()
     assert out.loss.dtype == torch.bfloat16 and new.grad.dtype == torch.bfloat16
     # every hand value is exact in bfloat16; the loss is rounded to bfloat16 at the end

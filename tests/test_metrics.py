@@ -101,7 +101,9 @@ def assert_row(row: dict[str, float], expected: dict[str, float]) -> None:
 
 def test_hand_batch_all_columns():
     b = hand_batch()
-    stats = likelihood_displacement(b["logp_old"], b["logp_new"], b["mask"], rewards=b["rewards"])
+    stats = likelihood_displacement(
+        logp_old=b["logp_old"], logp_new=b["logp_new"], mask=b["mask"], rewards=b["rewards"]
+    )
     assert isinstance(stats, LLDStats)
     assert_row(stats.as_row(), HAND_EXPECTED)
 
@@ -109,13 +111,17 @@ def test_hand_batch_all_columns():
 def test_float_mask_and_bool_mask_agree():
     b = hand_batch()
     for mask in (b["mask"].bool(), b["mask"].float()):
-        row = likelihood_displacement(b["logp_old"], b["logp_new"], mask, rewards=b["rewards"])
+        row = likelihood_displacement(
+            logp_old=b["logp_old"], logp_new=b["logp_new"], mask=mask, rewards=b["rewards"]
+        )
         assert_row(row.as_row(), HAND_EXPECTED)
 
 
 def test_no_logp_new_gives_confidence_only():
     b = hand_batch()
-    row = likelihood_displacement(b["logp_old"], None, b["mask"], rewards=b["rewards"]).as_row()
+    row = likelihood_displacement(
+        logp_old=b["logp_old"], logp_new=None, mask=b["mask"], rewards=b["rewards"]
+    ).as_row()
     expected = {name: NAN for name in C.DISPLACEMENT_COLUMNS}
     expected.update({name: HAND_EXPECTED[name] for name in C.CONFIDENCE_COLUMNS})
     assert_row(row, expected)
@@ -125,7 +131,11 @@ def test_threshold_and_advantages_define_correct():
     b = hand_batch()
     # threshold 2: nobody is correct -> every correct-group column is NaN, n_correct 0
     row = likelihood_displacement(
-        b["logp_old"], b["logp_new"], b["mask"], rewards=b["rewards"], correct_threshold=2.0
+        logp_old=b["logp_old"],
+        logp_new=b["logp_new"],
+        mask=b["mask"],
+        rewards=b["rewards"],
+        correct_threshold=2.0,
     ).as_row()
     assert math.isnan(row[C.DELTA_CORRECT]) and math.isnan(row[C.FRAC_CORRECT_DISPLACED])
     assert math.isnan(row[C.LOGP_CORRECT]) and math.isnan(row[C.DELTA_LATER_ACTIONS])
@@ -134,7 +144,9 @@ def test_threshold_and_advantages_define_correct():
     assert row[C.DELTA_INCORRECT] == pytest.approx(-0.875 / 3)
     # advantages alone: > 0 is correct (0 is not)
     adv = torch.tensor([0.5, 0.0, -1.0, 3.0])
-    row = likelihood_displacement(b["logp_old"], b["logp_new"], b["mask"], advantages=adv)
+    row = likelihood_displacement(
+        logp_old=b["logp_old"], logp_new=b["logp_new"], mask=b["mask"], advantages=adv
+    )
     row = row.as_row()
     assert row[C.N_CORRECT] == 1.0 and row[C.DELTA_CORRECT] == pytest.approx(-0.5)
     assert row[C.N_INCORRECT] == 2.0 and row[C.DELTA_INCORRECT] == pytest.approx(-0.375 / 2)
@@ -143,7 +155,9 @@ def test_threshold_and_advantages_define_correct():
 def test_all_masked_batch_gives_nan_not_error():
     b = hand_batch()
     mask = torch.zeros_like(b["mask"])
-    row = likelihood_displacement(b["logp_old"], b["logp_new"], mask, rewards=b["rewards"])
+    row = likelihood_displacement(
+        logp_old=b["logp_old"], logp_new=b["logp_new"], mask=mask, rewards=b["rewards"]
+    )
     row = row.as_row()
     for name in C.CONFIDENCE_COLUMNS + C.DISPLACEMENT_COLUMNS:
         if name in (C.N_CORRECT, C.N_INCORRECT):
@@ -176,7 +190,11 @@ def test_action_id_override_merges_actions():
     ids = action_ids(b["mask"])
     ids[0] = torch.tensor([0, 0, -1, -1, 0, 0])
     row = likelihood_displacement(
-        b["logp_old"], b["logp_new"], b["mask"], rewards=b["rewards"], action_ids=ids
+        logp_old=b["logp_old"],
+        logp_new=b["logp_new"],
+        mask=b["mask"],
+        rewards=b["rewards"],
+        action_ids=ids,
     ).as_row()
     # row 0 first action is now all 4 tokens: old mean -1, delta -0.5; row 0 has no later action
     assert row[C.LOGP_FIRST_ACTION] == pytest.approx((-1.0 + -2.0 + -4.0) / 3)
@@ -187,9 +205,9 @@ def test_action_id_override_merges_actions():
     assert row[C.DELTA_CORRECT] == pytest.approx(HAND_EXPECTED[C.DELTA_CORRECT])
     # same ids as the mask's runs -> same result as no override
     same = likelihood_displacement(
-        b["logp_old"],
-        b["logp_new"],
-        b["mask"],
+        logp_old=b["logp_old"],
+        logp_new=b["logp_new"],
+        mask=b["mask"],
         rewards=b["rewards"],
         action_ids=action_ids(b["mask"]),
     ).as_row()
@@ -199,10 +217,17 @@ def test_action_id_override_merges_actions():
 def test_sums_over_shards_equal_whole_batch():
     b = hand_batch()
     correct = correct_mask(b["rewards"])
-    whole = displacement_sums(b["logp_old"], b["logp_new"], b["mask"], correct)
+    whole = displacement_sums(
+        logp_old=b["logp_old"], logp_new=b["logp_new"], mask=b["mask"], correct=correct
+    )
     assert whole.shape == (len(SUM_FIELDS),)
     parts = [
-        displacement_sums(b["logp_old"][s], b["logp_new"][s], b["mask"][s], correct[s])
+        displacement_sums(
+            logp_old=b["logp_old"][s],
+            logp_new=b["logp_new"][s],
+            mask=b["mask"][s],
+            correct=correct[s],
+        )
         for s in (slice(0, 1), slice(1, 4))
     ]
     reduced = parts[0] + parts[1]  # what all_reduce(SUM) does
@@ -224,23 +249,31 @@ def test_random_shards_reduce_exactly():
     mask = torch.rand(B, L, generator=g) > 0.3
     mask[5] = False
     correct = torch.rand(B, generator=g) > 0.5
-    whole = stats_from_sums(displacement_sums(logp_old, logp_new, mask, correct)).as_row()
+    whole = stats_from_sums(
+        displacement_sums(logp_old=logp_old, logp_new=logp_new, mask=mask, correct=correct)
+    ).as_row()
     cuts = [0, 7, 8, 30, 48]  # uneven shards, one of a single row
     total = sum(
-        displacement_sums(logp_old[a:z], logp_new[a:z], mask[a:z], correct[a:z])
+        displacement_sums(
+            logp_old=logp_old[a:z], logp_new=logp_new[a:z], mask=mask[a:z], correct=correct[a:z]
+        )
         for a, z in itertools.pairwise(cuts)
     )
     sharded = stats_from_sums(total).as_row()
     for name in whole:
         assert sharded[name] == pytest.approx(whole[name], rel=1e-12, abs=1e-12), name
     # a shard without logp_new still contributes its confidence statistics
-    mixed = displacement_sums(logp_old[:8], None, mask[:8], correct[:8]) + displacement_sums(
-        logp_old[8:], logp_new[8:], mask[8:], correct[8:]
+    mixed = displacement_sums(
+        logp_old=logp_old[:8], logp_new=None, mask=mask[:8], correct=correct[:8]
+    ) + displacement_sums(
+        logp_old=logp_old[8:], logp_new=logp_new[8:], mask=mask[8:], correct=correct[8:]
     )
     mixed_row = stats_from_sums(mixed).as_row()
     assert mixed_row[C.LOGP_CORRECT] == pytest.approx(whole[C.LOGP_CORRECT], rel=1e-12)
     only_tail = stats_from_sums(
-        displacement_sums(logp_old[8:], logp_new[8:], mask[8:], correct[8:])
+        displacement_sums(
+            logp_old=logp_old[8:], logp_new=logp_new[8:], mask=mask[8:], correct=correct[8:]
+        )
     ).as_row()
     assert mixed_row[C.DELTA_CORRECT] == pytest.approx(only_tail[C.DELTA_CORRECT], rel=1e-12)
 
@@ -287,7 +320,10 @@ def test_top_displaced_tokens_hand():
 def test_half_precision_inputs():
     b = hand_batch()
     row = likelihood_displacement(
-        b["logp_old"].bfloat16(), b["logp_new"].bfloat16(), b["mask"], rewards=b["rewards"]
+        logp_old=b["logp_old"].bfloat16(),
+        logp_new=b["logp_new"].bfloat16(),
+        mask=b["mask"],
+        rewards=b["rewards"],
     ).as_row()
     # all hand values are exact in bfloat16 except -0.375 + -2 (exact too: -2.375 = -19/8)
     assert_row(row, HAND_EXPECTED)
@@ -303,41 +339,57 @@ def test_stats_fields_are_the_columns():
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda b: likelihood_displacement(b["logp_old"], b["logp_new"], b["mask"]), "rewards"),
         (
             lambda b: likelihood_displacement(
-                b["logp_old"][:, :5], b["logp_new"], b["mask"], rewards=b["rewards"]
+                logp_old=b["logp_old"], logp_new=b["logp_new"], mask=b["mask"]
+            ),
+            "rewards",
+        ),
+        (
+            lambda b: likelihood_displacement(
+                logp_old=b["logp_old"][:, :5],
+                logp_new=b["logp_new"],
+                mask=b["mask"],
+                rewards=b["rewards"],
             ),
             "shape",
         ),
         (
             lambda b: likelihood_displacement(
-                b["logp_old"][0], b["logp_new"][0], b["mask"][0], rewards=b["rewards"]
+                logp_old=b["logp_old"][0],
+                logp_new=b["logp_new"][0],
+                mask=b["mask"][0],
+                rewards=b["rewards"],
             ),
             r"\[B, L\]",
         ),
         (
             lambda b: likelihood_displacement(
-                b["logp_old"], b["logp_new"], b["mask"], rewards=b["rewards"][:3]
+                logp_old=b["logp_old"],
+                logp_new=b["logp_new"],
+                mask=b["mask"],
+                rewards=b["rewards"][:3],
             ),
             r"\[B\]",
         ),
         (
             lambda b: likelihood_displacement(
-                b["mask"], b["logp_new"], b["mask"], rewards=b["rewards"]
+                logp_old=b["mask"], logp_new=b["logp_new"], mask=b["mask"], rewards=b["rewards"]
             ),
             "floating-point",
         ),
         (
-            lambda b: displacement_sums(b["logp_old"], None, b["mask"], b["rewards"]),
+            lambda b: displacement_sums(
+                logp_old=b["logp_old"], logp_new=None, mask=b["mask"], correct=b["rewards"]
+            ),
             "bool",
         ),
         (lambda b: stats_from_sums(torch.zeros(3)), "displacement_sums"),
         (
             lambda b: likelihood_displacement(
-                b["logp_old"],
-                b["logp_new"],
-                b["mask"],
+                logp_old=b["logp_old"],
+                logp_new=b["logp_new"],
+                mask=b["mask"],
                 rewards=b["rewards"],
                 action_ids=b["logp_old"],
             ),
@@ -365,9 +417,14 @@ def test_masked_positions_never_matter(seed, batch, length, junk):
     logp_new = logp_old + torch.randn(batch, length, generator=g) * 0.5
     mask = torch.rand(batch, length, generator=g) > 0.4
     rewards = (torch.rand(batch, generator=g) > 0.5).float()
-    base = likelihood_displacement(logp_old, logp_new, mask, rewards=rewards).as_row()
+    base = likelihood_displacement(
+        logp_old=logp_old, logp_new=logp_new, mask=mask, rewards=rewards
+    ).as_row()
     dirty = likelihood_displacement(
-        logp_old.masked_fill(~mask, junk), logp_new.masked_fill(~mask, junk), mask, rewards=rewards
+        logp_old=logp_old.masked_fill(~mask, junk),
+        logp_new=logp_new.masked_fill(~mask, junk),
+        mask=mask,
+        rewards=rewards,
     ).as_row()
     assert dirty == pytest.approx(base, nan_ok=True)
     assert all(0.0 <= base[k] <= 1.0 or math.isnan(base[k]) for k in (C.FRAC_CORRECT_DISPLACED,))
@@ -379,7 +436,10 @@ def test_cuda_matches_cpu():
     b = hand_batch()
     on_gpu = {k: v.cuda() for k, v in b.items()}
     row = likelihood_displacement(
-        on_gpu["logp_old"], on_gpu["logp_new"], on_gpu["mask"], rewards=on_gpu["rewards"]
+        logp_old=on_gpu["logp_old"],
+        logp_new=on_gpu["logp_new"],
+        mask=on_gpu["mask"],
+        rewards=on_gpu["rewards"],
     ).as_row()
     assert_row(row, HAND_EXPECTED)
 
@@ -387,7 +447,9 @@ def test_cuda_matches_cpu():
 def test_unchanged_likelihood_is_not_displaced():
     # Displaced means strictly lowered: a no-op update (lr 0, a skipped step) displaces nothing.
     b = hand_batch()
-    row = likelihood_displacement(b["logp_old"], b["logp_old"], b["mask"], rewards=b["rewards"])
+    row = likelihood_displacement(
+        logp_old=b["logp_old"], logp_new=b["logp_old"], mask=b["mask"], rewards=b["rewards"]
+    )
     row = row.as_row()
     assert row[C.FRAC_CORRECT_DISPLACED] == 0.0  # both correct responses have summed change 0
     assert row[C.FRAC_TOKENS_DISPLACED] == 0.0
@@ -403,7 +465,7 @@ def test_summed_change_exactly_zero_is_not_displaced_but_below_zero_is():
     delta = torch.tensor([[0.25, -0.25], [0.0, -(2.0**-20)]], dtype=torch.float64)
     mask = torch.ones(2, 2)
     row = likelihood_displacement(
-        logp_old, logp_old + delta, mask, rewards=torch.tensor([1.0, 1.0])
+        logp_old=logp_old, logp_new=logp_old + delta, mask=mask, rewards=torch.tensor([1.0, 1.0])
     ).as_row()
     assert row[C.FRAC_CORRECT_DISPLACED] == 0.5
     assert row[C.FRAC_TOKENS_DISPLACED] == 0.5
@@ -420,7 +482,9 @@ def test_first_run_path_equals_action_id_path(seed, batch, length):
     logp_new = logp_old + torch.randn(batch, length, generator=g, dtype=torch.float64)
     mask = torch.rand(batch, length, generator=g) > 0.5
     rewards = (torch.rand(batch, generator=g) > 0.3).double()
-    plain = likelihood_displacement(logp_old, logp_new, mask, rewards=rewards).as_row()
+    plain = likelihood_displacement(
+        logp_old=logp_old, logp_new=logp_new, mask=mask, rewards=rewards
+    ).as_row()
     ids = action_ids(mask)
     # ids by brute force, row by row, as an independent reference
     for r in range(batch):
@@ -431,7 +495,7 @@ def test_first_run_path_equals_action_id_path(seed, batch, length):
             assert ids[r, t].item() == (run if on else -1)
             prev = on
     explicit = likelihood_displacement(
-        logp_old, logp_new, mask, rewards=rewards, action_ids=ids
+        logp_old=logp_old, logp_new=logp_new, mask=mask, rewards=rewards, action_ids=ids
     ).as_row()
     assert explicit == pytest.approx(plain, nan_ok=True, rel=1e-12, abs=1e-12)
 
@@ -493,5 +557,27 @@ def test_matches_loop_reference(seed, batch, length):
     logp_new = torch.where(same, logp_old, logp_new)  # tokens with no change at all
     mask = torch.rand(batch, length, generator=g) > 0.4
     correct = torch.rand(batch, generator=g) > 0.5
-    got = likelihood_displacement(logp_old, logp_new, mask, rewards=correct.double()).as_row()
+    got = likelihood_displacement(
+        logp_old=logp_old, logp_new=logp_new, mask=mask, rewards=correct.double()
+    ).as_row()
     assert got == pytest.approx(reference_row(logp_old, logp_new, mask, correct), nan_ok=True)
+
+
+def test_logp_arguments_are_keyword_only():
+    # likelihood_displacement and llds_loss once took (old, new) and (new, old): a positional
+    # swap flipped every sign without a word. Both now refuse positional log-probs.
+    import torch
+
+    from lld_monitor import likelihood_displacement, llds_loss
+
+    old = torch.zeros(1, 2)
+    new = torch.full((1, 2), -0.5)
+    mask = torch.ones(1, 2)
+    with pytest.raises(TypeError):
+        likelihood_displacement(old, new, mask)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        llds_loss(new, old, torch.ones(1), mask)  # type: ignore[misc]
+    # by keyword, the order of the keywords does not matter: change -0.5 per token, displaced
+    a = likelihood_displacement(logp_new=new, logp_old=old, mask=mask, rewards=torch.ones(1))
+    b = likelihood_displacement(logp_old=old, logp_new=new, mask=mask, rewards=torch.ones(1))
+    assert a.delta_correct == b.delta_correct == pytest.approx(-1.0)

@@ -566,7 +566,9 @@ def test_likelihood_displacement_takes_the_loss_tensor_with_grad() -> None:
 
     b = _batch()
     new = b["logp_new"].clone().requires_grad_(True)  # as the README passes it to llds_loss too
-    stats = likelihood_displacement(b["logp_old"], new, b["mask"], rewards=b["rewards"])
+    stats = likelihood_displacement(
+        logp_old=b["logp_old"], logp_new=new, mask=b["mask"], rewards=b["rewards"]
+    )
     assert stats.delta_correct == pytest.approx(0.0) and stats.delta_incorrect == pytest.approx(0.5)
 
 

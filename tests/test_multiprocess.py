@@ -107,7 +107,9 @@ def test_reduction_is_exact_sums_not_means_of_means(two_rank_run: Path) -> None:
             for p in s["probes"]:
                 old, new = torch.tensor(p["logp_old"]), torch.tensor(p["logp_new"])
                 mask, correct = torch.tensor(p["mask"]), torch.tensor(p["correct"])
-                sums += displacement_sums(old, new, mask, correct).double()
+                sums += displacement_sums(
+                    logp_old=old, logp_new=new, mask=mask, correct=correct
+                ).double()
                 keep = mask.sum(1) > 0
                 pooled_delta.append(((new - old).double() * mask).sum(1)[keep])
                 pooled_correct.append(correct[keep])

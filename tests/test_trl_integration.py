@@ -420,10 +420,10 @@ def test_llds_answer_weighting_under_grpo_trainer(tmp_path: Any) -> None:
         expected_answer = _answer_span(mask)
         assert torch.equal(rec["answer_mask"], expected_answer)
         ref = llds_loss(
-            rec["logp_new"],
-            rec["logp_old"],
-            rec["advantages"],
-            mask,
+            logp_new=rec["logp_new"],
+            logp_old=rec["logp_old"],
+            advantages=rec["advantages"],
+            mask=mask,
             answer_mask=expected_answer,
             answer_weight=0.4375,
         )
@@ -435,7 +435,14 @@ def test_llds_answer_weighting_under_grpo_trainer(tmp_path: Any) -> None:
     acting = records[1::2]
     assert all(float(r["output"].loss) > 0 for r in acting)
     unweighted = [
-        float(llds_loss(r["logp_new"], r["logp_old"], r["advantages"], r["mask"]).loss)
+        float(
+            llds_loss(
+                logp_new=r["logp_new"],
+                logp_old=r["logp_old"],
+                advantages=r["advantages"],
+                mask=r["mask"],
+            ).loss
+        )
         for r in acting
     ]
     assert unweighted != pytest.approx([float(r["output"].loss) for r in acting], abs=1e-6)
@@ -460,9 +467,16 @@ def test_llds_answer_weight_zero_removes_the_answer_span(tmp_path: Any) -> None:
         # With the action gate, the answer is its own action, so removing its change (new = old
         # there) leaves the other actions' gates and the per-response normaliser n_i unchanged.
         new = torch.where(answer, rec["logp_old"], rec["logp_new"])
-        ref = llds_loss(new, rec["logp_old"], rec["advantages"], mask)
+        ref = llds_loss(
+            logp_new=new, logp_old=rec["logp_old"], advantages=rec["advantages"], mask=mask
+        )
         torch.testing.assert_close(rec["output"].loss, ref.loss, atol=1e-7, rtol=0)
-        full = llds_loss(rec["logp_new"], rec["logp_old"], rec["advantages"], mask)
+        full = llds_loss(
+            logp_new=rec["logp_new"],
+            logp_old=rec["logp_old"],
+            advantages=rec["advantages"],
+            mask=mask,
+        )
         # The answer span did lose likelihood on preserving responses, so zeroing it matters.
         assert float(full.loss) > float(rec["output"].loss)
 

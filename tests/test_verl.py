@@ -121,7 +121,14 @@ def test_equals_vanilla_plus_lambda_llds(mode, normalize):
     new_ref = new.detach().clone().requires_grad_(True)
     vanilla = core_algos.get_policy_loss_fn("vanilla")
     v_loss, v_metrics = call(vanilla, old, new_ref, adv, mask, mode, cfg)
-    ref = llds_loss(new_ref, old, adv[:, 0], mask, gate="action", normalize=normalize)
+    ref = llds_loss(
+        logp_new=new_ref,
+        logp_old=old,
+        advantages=adv[:, 0],
+        mask=mask,
+        gate="action",
+        normalize=normalize,
+    )
     expected = v_loss + lam * ref.loss
     torch.testing.assert_close(loss, expected, rtol=0, atol=1e-6)
     for key, value in v_metrics.items():  # verl's own metrics pass through unchanged
@@ -264,7 +271,11 @@ def test_metric_reduction_matches_pooled_statistics():
     expected = []
     for mbs in mini_batches:
         old, new, adv, mask = (torch.cat(t) for t in zip(*mbs))
-        expected.append(likelihood_displacement(old, new, mask, advantages=adv[:, 0]).as_row())
+        expected.append(
+            likelihood_displacement(
+                logp_old=old, logp_new=new, mask=mask, advantages=adv[:, 0]
+            ).as_row()
+        )
     for column in C.LLD_COLUMNS:
         want = sum(e[column] for e in expected) / len(expected)
         got = out[lv.metric_name(column)]
@@ -316,7 +327,9 @@ def test_metrics_reach_verls_file_logger_and_import_as_our_columns(tmp_path, mon
 def test_metric_without_global_batch_info_is_per_micro_batch():
     old, new, adv, mask = batch()
     _, m = call("llds", old, new, adv, mask, "token-mean", actor_config())
-    want = likelihood_displacement(old, new.detach(), mask, advantages=adv[:, 0]).as_row()
+    want = likelihood_displacement(
+        logp_old=old, logp_new=new.detach(), mask=mask, advantages=adv[:, 0]
+    ).as_row()
     for column in C.LLD_COLUMNS:
         assert m[lv.metric_name(column)] == pytest.approx(want[column], nan_ok=True)
     # hand check: correct = A > 0 = row 0 only; its per-token mean logp_old = (-1-2-1)/3
@@ -618,7 +631,8 @@ def test_one_real_update_through_verls_actor_worker(tmp_path):
     # second mini-batch: LLDS acts; its values match llds_loss on the mid log-probs (the
     # policy after the first update, which is what the second mini-batch's forward sees)
     want = [
-        llds_loss(mid[[i]], old[[i]], adv[[i], 0], mask[[i]]) for i in (2, 3)
+        llds_loss(logp_new=mid[[i]], logp_old=old[[i]], advantages=adv[[i], 0], mask=mask[[i]])
+        for i in (2, 3)
     ]  # micro-batches of one row
     want_loss = sum(float(w.loss) for w in want) / 2
     assert want_loss > 0
@@ -642,7 +656,9 @@ def test_one_real_update_through_verls_actor_worker(tmp_path):
         v + 0.2 * 0.5 * 2 * want_loss, rel=1e-3, abs=1e-5
     )
     # LLD metrics pooled over the mini-batch (rows 2, 3; correct = A > 0: none)
-    stats = likelihood_displacement(old[2:], mid[2:], mask[2:], advantages=adv[2:, 0]).as_row()
+    stats = likelihood_displacement(
+        logp_old=old[2:], logp_new=mid[2:], mask=mask[2:], advantages=adv[2:, 0]
+    ).as_row()
     assert second["lld/loss_call/n_correct"] == 0.0 and second["lld/loss_call/n_incorrect"] == 2.0
     assert second["lld/loss_call/delta_incorrect"] == pytest.approx(
         stats[C.DELTA_INCORRECT], rel=1e-3, abs=1e-5

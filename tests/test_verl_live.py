@@ -372,7 +372,14 @@ def test_alert_switches_llds_on_and_the_next_loss_includes_it(ray_run):
             float(vanilla(old[[i]], mid[[i]], adv[[i]], mask[[i]], "token-mean", actor, None)[0])
             for i in rows
         )
-        pen = [float(llds_loss(mid[[i]], old[[i]], adv[[i], 0], mask[[i]]).loss) for i in rows]
+        pen = [
+            float(
+                llds_loss(
+                    logp_new=mid[[i]], logp_old=old[[i]], advantages=adv[[i], 0], mask=mask[[i]]
+                ).loss
+            )
+            for i in rows
+        ]
         lam = LAM if is_on else 0.0
         want = (v + lam * 0.5 * sum(pen)) / 2  # llds scale: 1 row / 4 rows * dp 2 = 0.5
         assert second["actor/pg_loss"] == pytest.approx(want, rel=2e-3, abs=2e-4), s["step"]
@@ -392,10 +399,14 @@ def test_probe_columns_equal_a_recomputation(ray_run):
         rows = torch.tensor(s["probe_rows"])
         assert len(rows) == 4  # probe_fraction 0.5 of 8, a multiple of 2 ranks x 2
         old, new = _t(s["old"])[rows], _t(s["probe"])
-        want = likelihood_displacement(old, new, mask[rows], rewards=rewards[rows]).as_row()
+        want = likelihood_displacement(
+            logp_old=old, logp_new=new, mask=mask[rows], rewards=rewards[rows]
+        ).as_row()
         for col in C.DISPLACEMENT_COLUMNS:
             assert s["row"].get(col, float("nan")) == pytest.approx(want[col], nan_ok=True), col
-        conf = likelihood_displacement(_t(s["old"]), None, mask, rewards=rewards).as_row()
+        conf = likelihood_displacement(
+            logp_old=_t(s["old"]), logp_new=None, mask=mask, rewards=rewards
+        ).as_row()
         assert s["row"][C.LOGP_CORRECT] == pytest.approx(conf[C.LOGP_CORRECT])
 
 

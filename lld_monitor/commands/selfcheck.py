@@ -82,7 +82,7 @@ def _check_metrics(device: str) -> str:
     old = torch.tensor(_M_OLD, device=device)
     new = old + torch.tensor(_M_DELTA, device=device)
     rewards = torch.tensor(_M_REWARDS, device=device)
-    row = likelihood_displacement(old, new, mask, rewards=rewards).as_row()
+    row = likelihood_displacement(logp_old=old, logp_new=new, mask=mask, rewards=rewards).as_row()
     wrong = [
         f"{k}={row[k]:.6g} (expected {v:.6g})"
         for k, v in _M_EXPECTED.items()
@@ -108,7 +108,9 @@ def _check_llds(device: str) -> str:
     wrong = []
     for (gate, normalize), want in _L_EXPECTED.items():
         new, old, adv, mask = _llds_batch(device)
-        got = llds_loss(new, old, adv, mask, gate=gate, normalize=normalize).loss.item()
+        got = llds_loss(
+            logp_new=new, logp_old=old, advantages=adv, mask=mask, gate=gate, normalize=normalize
+        ).loss.item()
         if not _close(got, want):
             wrong.append(f"{gate}/{normalize}={got:.6g} (expected {want:.6g})")
     if wrong:
@@ -122,7 +124,7 @@ def _check_llds_grad(device: str) -> str:
     from lld_monitor.llds import llds_loss
 
     new, old, adv, mask = _llds_batch(device)
-    llds_loss(new, old, adv, mask).loss.backward()
+    llds_loss(logp_new=new, logp_old=old, advantages=adv, mask=mask).loss.backward()
     # action gate, paper: -1/(3*5) on row 0 token 0, -1/(3*4) on row 1 tokens 0 and 1
     want = torch.zeros(4, 6)
     want[0, 0] = -1 / 15
@@ -130,7 +132,7 @@ def _check_llds_grad(device: str) -> str:
     if not torch.allclose(new.grad.cpu(), want, atol=1e-7):
         raise AssertionError(f"gradient {new.grad.cpu().tolist()} != {want.tolist()}")
     same = old.clone().requires_grad_(True)
-    out = llds_loss(same, old, adv, mask)
+    out = llds_loss(logp_new=same, logp_old=old, advantages=adv, mask=mask)
     out.loss.backward()
     if out.loss.item() != 0.0 or torch.count_nonzero(same.grad).item() != 0:
         raise AssertionError("loss or gradient not zero when logp_new == logp_old")
@@ -152,7 +154,7 @@ def _check_runlog(device: str, keep: str | None) -> str:
     new = old + torch.tensor(_M_DELTA, device=device)
     rewards = torch.tensor(_M_REWARDS, device=device)
     correct = rewards >= 1.0
-    row = likelihood_displacement(old, new, mask, rewards=rewards).as_row()
+    row = likelihood_displacement(logp_old=old, logp_new=new, mask=mask, rewards=rewards).as_row()
     tokens = top_displaced_tokens(old, new, mask, 5, correct=correct)
 
     def write_and_read(root: Path) -> str:

@@ -513,7 +513,9 @@ def compute_policy_loss_llds(
     cfg = settings.llds
     with torch.no_grad():
         adv = _response_advantage(advantages.detach(), mask)  # [B]
-        sums = displacement_sums(old_log_prob.detach(), log_prob.detach(), mask, adv > 0)
+        sums = displacement_sums(
+            logp_old=old_log_prob.detach(), logp_new=log_prob.detach(), mask=mask, correct=adv > 0
+        )
     for column, value in _POOL.add(sums, mask.shape[0], _expected_rows(config)).items():
         metrics[metric_name(column)] = value
 
@@ -530,10 +532,10 @@ def compute_policy_loss_llds(
         answer_mask = last_action_mask(mask)  # [B, L]
         beta = cfg.answer_weight(float(_tool_rounds(mask).mean()))
     out = llds_loss(
-        log_prob,
-        old_log_prob,
-        adv,
-        mask,
+        logp_new=log_prob,
+        logp_old=old_log_prob,
+        advantages=adv,
+        mask=mask,
         gate=cfg.gate,
         answer_mask=answer_mask,
         answer_weight=beta,
