@@ -6,8 +6,8 @@ grad-norm surge, entropy rise, reward fall (and most correct responses displaced
 columns only ``collapse`` can be seen (from standard metrics); stagnation and decay cannot, and the
 phase stays ``unknown`` until then. Non-LLD failures raise their own kinds.
 
-All windows are in *steps* (the ``step`` column), never in rows, so sparse logging works; a trend
-window always keeps at least ``min_window_rows`` rows.
+All windows are in *steps* (the ``step`` column), never in rows, so sparse logging works. The
+stagnation and decay trends are tested at every time scale at once (``analysis/trend.py``).
 """
 
 from __future__ import annotations
@@ -56,8 +56,7 @@ class DetectorConfig:
 
     warmup_steps: int = 20  # no alert before this many steps after the first row
     warmup_rows: int = 5  # ... nor before this many rows
-    window_steps: int = 40  # window of the collapse's slope check and reward-rise test
-    min_window_rows: int = 8  # a trend window keeps at least this many rows (sparse logs)
+    window_steps: int = 40  # time constant x2 of the displaced-share / delta EMAs; refinement span
     short_steps: int = 10  # window of a sharp drop (collapse)
     min_short_rows: int = 3
     trend_base_steps: float = 3.0  # bin width of the finest trend level (steps)

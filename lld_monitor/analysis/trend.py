@@ -281,18 +281,13 @@ class MultiScaleTrend:
         den = b * (1.0 + rho) * (1.0 - rho) - 2.0 * rho * (1.0 - rb)
         return rho * (1.0 - rb) ** 2 / den if den > 0.0 else rho
 
-    def end_change(self, level: int, k: int = 3) -> float:
-        """Mean of the last ``k`` bins minus mean of the first ``k``: a cheap pre-check of a
-        move (NaN with fewer than ``2 * k`` bins)."""
+    def end_change(self, level: int) -> float:
+        """Mean of the last 3 bins minus mean of the first 3: a cheap pre-check of a move (NaN
+        with fewer than 6 bins)."""
         bins = self._closed[level]
-        if len(bins) < 2 * k:
+        if len(bins) < 6:
             return _NAN
-        if k == 3:
-            return (
-                bins[-1][1] + bins[-2][1] + bins[-3][1] - bins[0][1] - bins[1][1] - bins[2][1]
-            ) / 3
-        m = len(bins)
-        return (sum(bins[i][1] for i in range(m - k, m)) - sum(bins[i][1] for i in range(k))) / k
+        return (bins[-1][1] + bins[-2][1] + bins[-3][1] - bins[0][1] - bins[1][1] - bins[2][1]) / 3
 
     def late_slope(self, level: int) -> float:
         """OLS slope over the newer half of ``level``'s closed bins (is it still going?)."""
