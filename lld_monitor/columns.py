@@ -49,6 +49,15 @@ DELTA_LATER_ACTIONS = "delta_later_actions"
 N_CORRECT = "n_correct"  # number of correct responses measured this step
 N_INCORRECT = "n_incorrect"  # number of incorrect responses measured this step
 
+# --- in-batch displacement (a reused rollout batch, measured inside the loss) ---------------
+# When a rollout batch is trained on for several updates (TRL: num_iterations > 1), each
+# response is measured once per batch: the first time the loss sees it again after an update
+# that included it, its summed change of log-prob since generation (generated tokens only).
+# The same indicator as FRAC_CORRECT_DISPLACED, available while the batch is still trained on.
+INBATCH_N_CORRECT = "inbatch_n_correct"  # correct responses measured this step
+INBATCH_N_CORRECT_DISPLACED = "inbatch_n_correct_displaced"  # ... whose summed change is < 0
+INBATCH_FRAC_CORRECT_DISPLACED = "inbatch_frac_correct_displaced"  # the ratio of the two
+
 # --- LLDS regularizer ------------------------------------------------------------------------
 LLDS_ENABLED = "llds_enabled"  # 0/1
 LLDS_LAMBDA = "llds_lambda"  # lambda in force (0 when disabled)
@@ -87,6 +96,11 @@ DISPLACEMENT_COLUMNS: tuple[str, ...] = (
     N_CORRECT,
     N_INCORRECT,
 )
+INBATCH_COLUMNS: tuple[str, ...] = (
+    INBATCH_FRAC_CORRECT_DISPLACED,
+    INBATCH_N_CORRECT,
+    INBATCH_N_CORRECT_DISPLACED,
+)
 LLDS_COLUMNS: tuple[str, ...] = (LLDS_ENABLED, LLDS_LAMBDA, LLDS_LOSS, LLDS_FRAC_GATED)
 
 #: The LLD-specific columns: what foreign logs usually lack.
@@ -99,6 +113,7 @@ STEP_COLUMNS: tuple[str, ...] = (
     *STANDARD_COLUMNS,
     *CONFIDENCE_COLUMNS,
     *DISPLACEMENT_COLUMNS,
+    *INBATCH_COLUMNS,
     *LLDS_COLUMNS,
 )
 

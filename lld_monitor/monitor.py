@@ -512,6 +512,24 @@ class LLDMonitor:
                 completion_mask=pick(ro["completion_mask"]),
             )
 
+    def observe_in_batch(self, logp_new: torch.Tensor) -> None:
+        """Measure the last observed rollout's responses again while their batch is reused.
+
+        ``logp_new`` [B, L] are their log-probs under the current policy, after at least one
+        optimizer update that included them (a rollout batch trained on for several updates:
+        TRL's ``num_iterations`` > 1). Adds the correct responses and those whose summed change
+        since generation is < 0 to the ``inbatch_*`` columns: the paper's indicator before the
+        batch's last update. Measure each response once per batch (the TRL adapter does: the
+        first time the loss sees it again), so that the counts are of distinct responses.
+        """
+        with self.guard("observe_in_batch"):
+            ro = self._last_rollout
+            if ro is None:
+                raise ValueError("observe_in_batch() needs an observe_rollout() of the batch first")
+            self._acc.add_in_batch(
+                ro["logp_old"], logp_new, ro["mask"], ro["correct"], ro["rewards"]
+            )
+
     def measure_displacement(
         self,
         logp_old: torch.Tensor,

@@ -55,6 +55,8 @@ FIELDS: tuple[Field, ...] = (
     Field("n_groups", SUM),
     Field("n_probe", SUM, "probe measurements (post-update forwards) folded in"),
     Field("n_probe_still", SUM, "probes left out: no log-prob moved (the optimizer did not step)"),
+    Field("inbatch_n_correct", SUM, "correct responses measured again inside their batch"),
+    Field("inbatch_n_displaced", SUM, "... whose summed log-prob change is < 0"),
     Field("n_failed", SUM, "ranks whose part of the step failed (they send zeros)"),
     Field("llds_on", RANK0, "the switch state: keeps ranks in agreement"),
     Field("llds_lam", RANK0),
@@ -188,6 +190,32 @@ class StepMetrics:
         sums = sums * keep
         self.disp = sums if self.disp is None else self.disp + sums
         self.add_group(("n_probe", "n_probe_still"), [keep, 1 - keep])
+
+    def add_in_batch(
+        self,
+        logp_old: torch.Tensor,
+        logp_new: torch.Tensor,
+        mask: torch.Tensor,
+        correct: torch.Tensor,
+        rewards: torch.Tensor | None = None,
+    ) -> None:
+        """Fold one in-batch measurement in: [B, L] log-probs at generation and now, [B, L]
+        generated-token mask, [B] correct. Counts the correct scored responses and those whose
+        summed change is < 0 (strictly: an unmoved response is not displaced); no device sync."""
+        logp_new = logp_new.detach().to(logp_old.device)
+        if logp_new.shape != logp_old.shape:
+            raise ValueError(
+                f"logp_new {tuple(logp_new.shape)} must match the rollout's logp_old "
+                f"{tuple(logp_old.shape)} (same rows, same token positions)"
+            )
+        m = mask.to(logp_old.device, logp_old.dtype)
+        delta = ((logp_new - logp_old) * m).sum(-1)  # [B]
+        keep = correct.to(delta.device).bool() & (m.sum(-1) > 0)  # [B]
+        if rewards is not None:  # unscored responses are in neither group
+            keep = keep & torch.isfinite(rewards.reshape(-1).to(delta.device))
+        n = keep.sum().float()
+        k = (keep & (delta < 0)).sum().float()
+        self.add_group(("inbatch_n_correct", "inbatch_n_displaced"), [n, k])
 
     def add_update(
         self, grad_norm: torch.Tensor | float | None, loss: torch.Tensor | float | None
@@ -344,6 +372,11 @@ def row_from_sums(host: list[float], reward_fns: Sequence[str]) -> dict[str, Any
     if s["n_probe"] > 0:
         disp_row = stats_from_sums(disp).as_row()
         row.update({c: disp_row[c] for c in C.DISPLACEMENT_COLUMNS})
+    if s["inbatch_n_correct"] > 0:
+        n_in, k_in = s["inbatch_n_correct"], s["inbatch_n_displaced"]
+        row[C.INBATCH_N_CORRECT] = n_in
+        row[C.INBATCH_N_CORRECT_DISPLACED] = k_in
+        row[C.INBATCH_FRAC_CORRECT_DISPLACED] = k_in / n_in
     on = s["llds_on"] > 0.5  # NaN (rank 0 failed) reads off
     row[C.LLDS_ENABLED] = int(on)
     row[C.LLDS_LAMBDA] = s["llds_lam"] if on else 0.0

@@ -448,6 +448,50 @@ def test_displacement_half_or_below_never_fires_and_rearms():
     assert [a.kind for r in again for a in det.update(r)] == ["displacement"]  # re-armed
 
 
+def _inbatch_rows(counts, start=9):
+    """One row per optimizer step from ``start``: (displaced, correct) measured in the batch."""
+    return [
+        {C.STEP: start + i, C.INBATCH_N_CORRECT_DISPLACED: k, C.INBATCH_N_CORRECT: n}
+        for i, (k, n) in enumerate(counts)
+    ]
+
+
+def test_displacement_from_in_batch_counts_by_hand():
+    # 2 of 2 displaced per row, pooled with weight m = 0.5 ** (2 / 24) per row (half-life 24
+    # responses): after t rows N = K = 2 (1 - m^t) / (1 - m), S2 = 2 (1 - m^2t) / (1 - m^2),
+    # z = N / sqrt(S2). t = 7: N = 11.85 < 12; t = 8: N = 13.18, z = 3.96 -> alert at step 16
+    det = PhaseDetector()
+    alerts = [(r[C.STEP], a) for r in _inbatch_rows([(2, 2)] * 10) for a in det.update(r)]
+    ((step, alert),) = alerts
+    m = 0.5 ** (2 / 24)
+    n = 2 * (1 - m**8) / (1 - m)
+    s2 = 2 * (1 - m**16) / (1 - m**2)
+    assert step == 16 and alert.kind == "displacement" and alert.severity == "warning"
+    assert alert.evidence["displaced_pooled_n"] == pytest.approx(n)
+    assert alert.evidence["displaced_z"] == pytest.approx(n / math.sqrt(s2))
+    assert alert.evidence["displaced_source"] == "in_batch"
+    assert "inside the reused rollout batches" in alert.message
+    # one half displaced, however long: never; nor rows that say nothing was measured
+    det = PhaseDetector()
+    rows = _inbatch_rows([(1, 2)] * 200 + [(0, 0)] * 5)
+    assert [a for r in rows for a in det.update(r)] == []
+
+
+def test_in_batch_and_probe_evidence_raise_one_alert():
+    det = PhaseDetector()
+    rows = _inbatch_rows([(2, 2)] * 12)
+    rows[-1] |= {C.FRAC_CORRECT_DISPLACED: 0.9, C.N_CORRECT: 40, C.LEARNING_RATE: 1e-4}
+    rows += _probe_rows([(40, 0.95, 40)])
+    assert [a.kind for r in rows for a in det.update(r)] == ["displacement"]
+    det2 = PhaseDetector.from_state_dict(json.loads(json.dumps(det.state_dict())))
+    assert det2.state_dict() == det.state_dict()
+    # a state saved before the in-batch test existed loads, the in-batch counts start afresh
+    old = det.state_dict()
+    del old["inbatch"], old["params"]["inbatch_half_life"]
+    det3 = PhaseDetector.from_state_dict(old)
+    assert det3._inbatch.n == 0.0 and det3._displaced.n == det._displaced.n
+
+
 def test_displacement_silent_on_healthy_toy_runs_and_state_round_trip(tmp_path):
     from lld_monitor.runlog import load_run
 

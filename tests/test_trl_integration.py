@@ -93,6 +93,7 @@ def test_rows_probe_and_grad_norm_match_independent_recomputation(tmp_path: Any)
     # Probes only after the last update on a generation batch: steps 2 and 4.
     assert [c[4] for c in snaps.checks] == [2, 4]
     assert steps[C.N_CORRECT].isna().tolist() == [True, False, True, False]
+    assert C.INBATCH_N_CORRECT not in steps  # one pass over each batch: no response seen twice
 
     # Independent recomputation: load the snapshots and forward the same ids, (a) through TRL's
     # log-prob function (its fused LM head differs from a plain log_softmax by ~1e-3 per token),
@@ -526,6 +527,40 @@ def test_num_iterations_recomputation_precedes_the_last_update(tmp_path: Any) ->
     torch.testing.assert_close(probe.logp_old, first["logp_new"], atol=1e-6, rtol=0)
 
 
+def test_in_batch_displacement_counts_each_response_once_after_its_update(tmp_path: Any) -> None:
+    """num_iterations=3, steps_per_generation=GA=1: one batch, three updates. The loss of step 2
+    sees the batch again after step 1's update on it: its correct responses are counted there
+    (displaced: summed change since generation < 0), and not again at step 3."""
+    monitor = LLDMonitor(
+        tmp_path / "run",
+        llds=LLDSConfig(lam=0.0),  # records the loss inputs, loss unchanged
+        probe_fraction=1.0,
+        strict=True,
+        detector=None,
+        correct_threshold=0.16,
+    )
+    trainer = make_grpo_trainer(
+        tmp_path / "tr", max_steps=3, num_iterations=3, reward_funcs=[reward_length]
+    )
+    monitor.attach(trainer)
+    trainer.train()
+    first, second, _ = monitor.adapter.llds_records  # one per _compute_loss, same rows in order
+    correct = monitor.last_probe.correct  # the same batch, judged by the same rule
+    assert 0 < int(correct.sum()) < 4  # the check below means something
+    m = second["mask"].double()
+    delta = ((second["logp_new"].double() - second["logp_old"].double()) * m).sum(-1)  # [B]
+    assert delta.abs().min() > 1e-4  # step 1's update moved every response
+    steps = load_run(tmp_path / "run").steps.set_index(C.STEP)
+    assert steps[C.INBATCH_N_CORRECT].isna().tolist() == [True, False, True]
+    assert steps.loc[2, C.INBATCH_N_CORRECT] == int(correct.sum())
+    displaced = int((correct & (delta < 0)).sum())
+    assert steps.loc[2, C.INBATCH_N_CORRECT_DISPLACED] == displaced
+    assert steps.loc[2, C.INBATCH_FRAC_CORRECT_DISPLACED] == pytest.approx(
+        displaced / int(correct.sum())
+    )
+    torch.testing.assert_close(first["logp_new"], first["logp_old"], atol=1e-5, rtol=0)
+
+
 def test_finished_generations_schedule_alone() -> None:
     """A batch generated at micro-step s is finished at s + steps_per_generation*num_iterations."""
     fin = trl_adapter.finished_generations
@@ -813,6 +848,7 @@ def test_learning_rate_zero_gives_no_displacement_evidence(tmp_path: Any) -> Non
     for col in C.DISPLACEMENT_COLUMNS:
         assert col not in steps or steps[col].isna().all(), col
     assert steps[C.LOGP_INCORRECT].notna().all()  # confidence is still measured
+    assert C.INBATCH_N_CORRECT not in steps  # no update: nothing measured inside the batch
     notes = _events(tmp_path / "run", "no_step_probe")
     assert notes[C.EVENT_STEP].tolist() == [2]  # said once, at the first probe
     assert "optimizer did not step" in notes[C.EVENT_MESSAGE].iloc[0]

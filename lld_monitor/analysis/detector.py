@@ -47,6 +47,8 @@ INPUT_COLUMNS: tuple[str, ...] = (
     C.REWARD_STD,
     C.N_CORRECT,
     C.LEARNING_RATE,
+    C.INBATCH_N_CORRECT,
+    C.INBATCH_N_CORRECT_DISPLACED,
 )
 
 
@@ -77,6 +79,8 @@ class DetectorConfig:
     displaced_min_n: float = 12.0  # least pooled (weighted) correct responses behind the alert
     displaced_memory: float = 0.5  # weight kept per probe by the pooled displaced counts
     displaced_default_n: float = 8.0  # correct responses assumed per probe without n_correct
+    # in-batch counts (distinct responses, a few per row): pooled with a half-life in responses
+    inbatch_half_life: float = 24.0
     grad_surge_ratio: float = 2.0  # fast / slow grad norm (geometric EMAs)
     entropy_rise_ratio: float = 1.15  # fast / slow entropy
     reward_fall_frac: float = 0.15  # reward EMA below its peak by this share of max(|peak|, gain)
@@ -210,6 +214,7 @@ class _DisplacedShare:
         "default_n",
         "fired",
         "frac",
+        "half_life",
         "k",
         "last",
         "memory",
@@ -221,10 +226,16 @@ class _DisplacedShare:
     )
 
     def __init__(
-        self, frac: float, z: float, memory: float, default_n: float, min_n: float
+        self,
+        frac: float,
+        z: float,
+        memory: float,
+        default_n: float,
+        min_n: float,
+        half_life: float = _NAN,
     ) -> None:
         self.frac, self.z, self.memory, self.default_n = frac, z, memory, default_n
-        self.min_n = min_n
+        self.min_n, self.half_life = min_n, half_life
         self.k = self.n = self.s2 = 0.0  # weighted displaced, weighted correct, sum w^2 n
         self.last: tuple[float, float] = (_NAN, _NAN)
         self.probes: deque[tuple[float, float, float]] = deque(maxlen=4)  # (step, k, n)
@@ -253,6 +264,27 @@ class _DisplacedShare:
             and self.n >= self.min_n
             and self.stat() >= self.z
         ):
+            self.fired = True
+            return True
+        return False
+
+    def push_counts(self, step: float, k: float, n: float) -> bool:
+        """Add ``k`` displaced of ``n`` correct responses not counted before (the in-batch
+        measurement: distinct responses, a few per row). Earlier counts keep the weight
+        0.5 ** (n / half_life), a half-life counted in responses, not rows; fires on the pooled
+        share alone (one row holds too few responses for a share of its own)."""
+        if not (n > 0 and 0.0 <= k <= n):
+            return False
+        m = 0.5 ** (n / self.half_life)
+        self.k = m * self.k + k
+        self.n = m * self.n + n
+        self.s2 = m * m * self.s2 + n
+        self.probes.append((step, k, n))
+        if self.fired:
+            if self.k < self.frac * self.n:
+                self.fired = False
+            return False
+        if self.k > self.frac * self.n and self.n >= self.min_n and self.stat() >= self.z:
             self.fired = True
             return True
         return False
@@ -405,6 +437,14 @@ class PhaseDetector:
             cfg.displaced_default_n,
             cfg.displaced_min_n,
         )
+        self._inbatch = _DisplacedShare(
+            cfg.displaced_frac,
+            cfg.displaced_z,
+            1.0,
+            cfg.displaced_default_n,
+            cfg.displaced_min_n,
+            cfg.inbatch_half_life,
+        )
 
     @property
     def phase(self) -> str:
@@ -483,6 +523,7 @@ class PhaseDetector:
             "below_rank": self._below_rank,
             "fired": dict(self._fired),
             "displaced": self._displaced.state(),
+            "inbatch": self._inbatch.state(),
             "lp_ms": self._lp_ms.state(),
             "rw_ms": self._rw_ms.state(),
             "hold1": list(self._hold1),
@@ -505,7 +546,8 @@ class PhaseDetector:
         """Restore a ``state_dict()``; the hyperparameters must be the ones it was saved with."""
         if state.get("version") != 1:
             raise ValueError(f"unsupported PhaseDetector state version {state.get('version')!r}")
-        if dict(state["params"]) != asdict(self.config):
+        # hyperparameters added since the state was saved take their defaults
+        if {**asdict(DetectorConfig()), **state["params"]} != asdict(self.config):
             raise ValueError(
                 "state was saved with other hyperparameters; build the detector with "
                 "PhaseDetector(**state['params']) before loading it"
@@ -533,6 +575,8 @@ class PhaseDetector:
         self._below_rank = int(state["below_rank"])
         self._fired = {k: bool(v) for k, v in state["fired"].items()}
         self._displaced.load(state["displaced"])
+        if "inbatch" in state:  # saved before the in-batch counts existed: start afresh
+            self._inbatch.load(state["inbatch"])
         self._lp_ms.load(state["lp_ms"])
         self._rw_ms.load(state["rw_ms"])
         self._hold1 = [int(v) for v in state["hold1"]]
@@ -570,7 +614,7 @@ class PhaseDetector:
         if step <= self._last_step:
             return []
         cfg = self.config
-        rw, lp, fd, dc, g, h, kl, ln, loss, zstd, rstd, nc, lr = v
+        rw, lp, fd, dc, g, h, kl, ln, loss, zstd, rstd, nc, lr, inc, ink = v
         seen = self._seen
         if self._first_step != self._first_step:
             self._first_step = step
@@ -638,8 +682,12 @@ class PhaseDetector:
             seen.add(C.FRAC_CORRECT_DISPLACED)
             # the paper's indicator; a row whose optimizer did not step (lr 0 in warm-up, a
             # skipped non-finite step) displaced nothing and is no evidence either way
-            if not (lr == 0.0 or bad_grad) and self._displaced.push(step, fd, nc):
-                alerts.append(self._displacement_alert(int(step)))
+            if (
+                not (lr == 0.0 or bad_grad)
+                and self._displaced.push(step, fd, nc)
+                and not self._inbatch.fired  # one alert for one displacement
+            ):
+                alerts.append(self._displacement_alert(int(step), self._displaced))
             last = L["fd"]
             if last != last:
                 E[_FD_F] = E[_FD_S] = fd
@@ -648,6 +696,16 @@ class PhaseDetector:
                 E[_FD_F] += w[0] * (fd - E[_FD_F])
                 E[_FD_S] += w[2] * (fd - E[_FD_S])
             L["fd"] = step
+        if fin(inc) and fin(ink):
+            seen.update((C.INBATCH_N_CORRECT, C.INBATCH_N_CORRECT_DISPLACED))
+            # measured inside a reused rollout batch after updates on it (the monitor skips
+            # responses no update has touched); same indicator, earlier
+            if (
+                not bad_grad
+                and self._inbatch.push_counts(step, ink, inc)
+                and not self._displaced.fired
+            ):
+                alerts.append(self._displacement_alert(int(step), self._inbatch))
         if fin(dc):
             seen.add(C.DELTA_CORRECT)
             last = L["dc"]
@@ -1125,21 +1183,29 @@ class PhaseDetector:
                     if step - s >= need:
                         fired[kind] = False
 
-    def _displacement_alert(self, step: int) -> Alert:
+    def _displacement_alert(self, step: int, test: _DisplacedShare) -> Alert:
         """The paper's ">50% of correct responses displaced" indicator, with its counts."""
-        ev = self._displaced.evidence()
+        ev = test.evidence()
         probes = ", ".join(
             f"{k:.0f} of {n:.0f} at step {s}" for s, k, n in ev["displaced_probes"][-3:]
         )
+        if test is self._inbatch:
+            where = (
+                f"measured inside the reused rollout batches, before their last update; "
+                f"recent rows: {probes}"
+            )
+        else:
+            share = 100 * ev["displaced_share"]
+            where = f"{share:.0f}% in the latest probe; recent probes: {probes}"
         msg = (
             f"LLD indicator at step {step}: the updates lowered the likelihood of most correct "
-            f"responses ({100 * ev['displaced_share']:.0f}% in the latest probe; recent probes: "
-            f"{probes}; pooled {100 * ev['displaced_pooled_share']:.0f}%, "
-            f"z={ev['displaced_z']:.1f} "
+            f"responses ({where}; pooled {100 * ev['displaced_pooled_share']:.0f}% of "
+            f"{ev['displaced_pooled_n']:.0f}, z={ev['displaced_z']:.1f} "
             f"against {100 * self.config.displaced_frac:.0f}%), the paper's >50% sign of lazy "
             "likelihood displacement"
         )
         evidence = {k: (_enc(v) if isinstance(v, float) else v) for k, v in ev.items()}
+        evidence["displaced_source"] = "in_batch" if test is self._inbatch else "probe"
         return Alert(step, "displacement", "warning", msg, evidence)
 
     def _failure_alert(self, kind: str, step: int, held: float, zstd: float, rstd: float) -> Alert:

@@ -104,6 +104,7 @@ TRAINER_LOG_COLUMNS: tuple[str, ...] = (
     C.GRAD_NORM_MAX,
     *C.CONFIDENCE_COLUMNS,
     *C.DISPLACEMENT_COLUMNS,
+    *C.INBATCH_COLUMNS,
     *C.LLDS_COLUMNS,
 )
 TRAINER_LOG_PREFIX = "lld/"
@@ -227,6 +228,7 @@ class GRPOAdapter(TrainerAdapter):
         self._rpf: torch.Tensor | None = None  # [N_all, F] rewards of the last generation
         self._gens: dict[int, dict[str, Any]] = {}  # generation id -> start step, micro-batches
         self._n_gen = 0
+        self._n_stepped = 0  # optimizer updates that changed the weights (lr > 0, not skipped)
         self._capture: list[Any] | None = None
         self._tool_counts: tuple[int, int] | None = None  # (calls, failures) of this generation
         self._warned: set[str] = set()
@@ -445,6 +447,7 @@ class GRPOAdapter(TrainerAdapter):
         if inputs.get("tool_mask") is not None:
             mask = mask * inputs["tool_mask"]  # tool feedback out
         old = inputs.get("old_per_token_logps")
+        reused = old is not None  # a batch trained on for several updates
         # TRL skips old logps exactly when no update happened since generation: current == old.
         old = logps.detach() if old is None else old  # [B, T]
         adv = inputs["advantages"]  # [B] or [B, T]
@@ -468,9 +471,23 @@ class GRPOAdapter(TrainerAdapter):
         gen = self._gens.get(int(gen_tag)) if gen_tag is not None else None
         if gen is not None:
             gen["micro"].setdefault(id(inputs), (inputs, old.detach()))
+            if reused:
+                self._in_batch(gen, id(inputs), logps)
         if self.monitor.llds.enabled:
             loss = loss + self._llds(logps, old, adv, mask, gen, searches)
         return loss
+
+    def _in_batch(self, gen: dict[str, Any], key: int, logps: torch.Tensor) -> None:
+        """Measure a micro-batch of a reused rollout batch once: the first time the loss sees
+        it after an optimizer update that included it (TRL's buffered micro-batches are the same
+        objects on every pass). Its responses then count once each in the ``inbatch_*`` columns,
+        updates before the post-update probe can measure them."""
+        seen = gen.setdefault("seen", {})  # micro-batch -> updates at first sight, or None: done
+        if key not in seen:
+            seen[key] = self._n_stepped
+        elif seen[key] is not None and self._n_stepped > seen[key]:
+            seen[key] = None
+            self.monitor.observe_in_batch(logps.detach())
 
     def _per_func(self, rpf: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
         """{reward function name: [B] raw rewards} from TRL's [B, F] (NaN where None)."""
@@ -536,6 +553,7 @@ class GRPOAdapter(TrainerAdapter):
         super().on_optimizer_step()
         skipped = bool(getattr(self.trainer.accelerator, "optimizer_step_was_skipped", False))
         if self._lr is not None and self._lr > 0 and not skipped:
+            self._n_stepped += 1
             for gen in self._gens.values():
                 gen["stepped"] = True
 
