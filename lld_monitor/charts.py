@@ -49,6 +49,7 @@ SIGNAL_COLORS: dict[str, str] = {
     C.DELTA_CORRECT: "#138a7e",
     C.DELTA_INCORRECT: "#c2185b",
     C.FRAC_CORRECT_DISPLACED: "#138a7e",
+    C.INBATCH_FRAC_CORRECT_DISPLACED: "#7cc4ba",
     C.GRAD_NORM: "#6a3d9a",
     C.GRAD_NORM_MAX: "#b39ddb",
     C.ENTROPY: "#8c564b",
@@ -105,7 +106,10 @@ PANELS: tuple[Panel, ...] = (
     ),
     Panel(
         "Share of correct responses displaced (50% line)",
-        ((C.FRAC_CORRECT_DISPLACED, "share displaced"),),
+        (
+            (C.FRAC_CORRECT_DISPLACED, "share displaced"),
+            (C.INBATCH_FRAC_CORRECT_DISPLACED, "in batch, before its last update"),
+        ),
         hline=0.5,
     ),
     Panel(
