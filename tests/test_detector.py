@@ -477,6 +477,25 @@ def test_displacement_from_in_batch_counts_by_hand():
     assert [a for r in rows for a in det.update(r)] == []
 
 
+def test_in_batch_level_shrinks_in_long_runs():
+    # tested on every row, the level shrinks as (window / responses so far) ** 0.5 beyond one
+    # window of 24 / ln 2 = 34.6 responses: after 100 responses alpha = 0.01002 * 0.5884
+    from statistics import NormalDist
+
+    det = PhaseDetector()
+    for r in _inbatch_rows([(1, 2)] * 50):
+        det.update(r)
+    share = det._inbatch
+    assert share.total == 100.0
+    alpha = (1 - NormalDist().cdf(2.326)) * ((24 / math.log(2)) / 100) ** 0.5
+    assert share.z_crit() == pytest.approx(NormalDist().inv_cdf(1 - alpha))
+    assert share.z_crit() == pytest.approx(2.518, abs=1e-3)
+    det = PhaseDetector()
+    for r in _inbatch_rows([(1, 2)] * 17):  # 34 responses: within the first window
+        det.update(r)
+    assert det._inbatch.z_crit() == 2.326
+
+
 def test_in_batch_and_probe_evidence_raise_one_alert():
     det = PhaseDetector()
     rows = _inbatch_rows([(2, 2)] * 12)

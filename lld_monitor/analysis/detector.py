@@ -16,6 +16,7 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
+from statistics import NormalDist
 from typing import Any
 
 from lld_monitor import columns as C
@@ -211,6 +212,7 @@ class _DisplacedShare:
     """
 
     __slots__ = (
+        "decay",
         "default_n",
         "fired",
         "frac",
@@ -222,6 +224,7 @@ class _DisplacedShare:
         "n",
         "probes",
         "s2",
+        "total",
         "z",
     )
 
@@ -233,9 +236,11 @@ class _DisplacedShare:
         default_n: float,
         min_n: float,
         half_life: float = _NAN,
+        decay: float = 0.0,
     ) -> None:
         self.frac, self.z, self.memory, self.default_n = frac, z, memory, default_n
-        self.min_n, self.half_life = min_n, half_life
+        self.min_n, self.half_life, self.decay = min_n, half_life, decay
+        self.total = 0.0  # responses counted so far, unweighted (push_counts)
         self.k = self.n = self.s2 = 0.0  # weighted displaced, weighted correct, sum w^2 n
         self.last: tuple[float, float] = (_NAN, _NAN)
         self.probes: deque[tuple[float, float, float]] = deque(maxlen=4)  # (step, k, n)
@@ -279,15 +284,27 @@ class _DisplacedShare:
         self.k = m * self.k + k
         self.n = m * self.n + n
         self.s2 = m * m * self.s2 + n
+        self.total += n
         self.probes.append((step, k, n))
         if self.fired:
             if self.k < self.frac * self.n:
                 self.fired = False
             return False
-        if self.k > self.frac * self.n and self.n >= self.min_n and self.stat() >= self.z:
+        if self.k > self.frac * self.n and self.n >= self.min_n and self.stat() >= self.z_crit():
             self.fired = True
             return True
         return False
+
+    def z_crit(self) -> float:
+        """The z the pooled counts must reach. Tested on every row, the in-batch counts would
+        almost surely cross a fixed level in a long run whose share sits near ``frac``; as the
+        trend tests do, the level shrinks as (window / responses so far) ** ``decay`` once more
+        responses than one window (half_life / ln 2) have been counted."""
+        window = self.half_life / math.log(2.0)
+        if not self.decay or not self.total > window:
+            return self.z
+        alpha = (1.0 - NormalDist().cdf(self.z)) * (window / self.total) ** self.decay
+        return NormalDist().inv_cdf(1.0 - alpha)
 
     def stat(self) -> float:
         """One-sided z of the pooled share against ``frac``."""
@@ -302,11 +319,13 @@ class _DisplacedShare:
             "displaced_pooled_share": self.k / self.n if self.n > 0 else _NAN,
             "displaced_pooled_n": self.n,
             "displaced_z": self.stat(),
+            "displaced_z_needed": self.z_crit(),
             "displaced_probes": [[int(s), round(k, 3), round(n, 3)] for s, k, n in self.probes],
         }
 
     def state(self) -> dict[str, Any]:
         return {
+            "total": self.total,
             "k": self.k,
             "n": self.n,
             "s2": self.s2,
@@ -317,6 +336,7 @@ class _DisplacedShare:
 
     def load(self, d: Mapping[str, Any]) -> None:
         self.k, self.n, self.s2 = float(d["k"]), float(d["n"]), float(d["s2"])
+        self.total = float(d.get("total", 0.0))
         a, b = (_dec(v) for v in d["last"])
         self.last = (a, b)
         self.probes = deque((tuple(map(float, p)) for p in d["probes"]), maxlen=4)
@@ -444,6 +464,7 @@ class PhaseDetector:
             cfg.displaced_default_n,
             cfg.displaced_min_n,
             cfg.inbatch_half_life,
+            cfg.trend_alpha_decay,
         )
 
     @property
