@@ -1,4 +1,7 @@
-"""The LLDS switch: thread-safe on/off and lambda; each change goes to an ``on_change`` callback."""
+"""The LLDS switch: thread-safe on/off and lambda; each change goes to an ``on_change`` callback.
+
+:meth:`LLDSSwitch.term` is the loss term the switch adds while on (``lam * L_LLDS``).
+"""
 
 from __future__ import annotations
 
@@ -58,6 +61,45 @@ class LLDSSwitch:
             self._enabled = False
             lam_now = self._lam
         self._on_change(False, lam_now, reason)
+
+    def term(
+        self,
+        logp_new: Any,
+        logp_old: Any,
+        advantages: Any,
+        mask: Any,
+        **kw: Any,
+    ) -> tuple[Any, Any | None]:
+        """``(lam * L_LLDS, LLDSOutput)`` under the config in force; ``(0, None)`` while off.
+
+        [B, L] log-probs and mask, [B] advantages. With ``answer_mask`` [B, L] and the config's
+        ``answer_weighting`` the answer span is weighted by beta (adaptive schedules need
+        ``mean_valid_searches``); other keywords (``action_ids``) go to ``llds_loss``.
+        """
+        cfg = self.config
+        if not cfg.enabled:
+            return logp_new.new_zeros(()), None
+        from lld_monitor.llds import llds_loss
+
+        searches = kw.pop("mean_valid_searches", None)
+        if kw.get("answer_mask") is not None and "answer_weight" not in kw:
+            kw["answer_weight"] = cfg.answer_weight(searches)
+        out = llds_loss(
+            logp_new=logp_new,
+            logp_old=logp_old.detach(),
+            advantages=advantages,
+            mask=mask,
+            gate=cfg.gate,
+            normalize=cfg.normalize,
+            **kw,
+        )
+        return cfg.lam * out.loss, out
+
+    @staticmethod
+    def change_message(enabled: bool, lam: float, reason: str) -> str:
+        """The intervention message of a change: ``LLDS switched on (lambda=0.2) by <reason>``."""
+        state = f"on (lambda={lam:g})" if enabled else "off"
+        return f"LLDS switched {state} by {reason}"
 
     def _sync(self, enabled: bool, lam: float) -> bool:
         """Adopt rank 0's state without an event; True when it changed."""

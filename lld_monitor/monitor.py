@@ -1,17 +1,17 @@
-"""LLDMonitor: the trainer-agnostic core that turns observed tensors into one run-log row per step.
+"""LLDMonitor: the trainer-agnostic facade turning observed tensors into one run-log row per step.
 
 Adapters (integrations/trl.py, integrations/transformers.py) and hand-written loops call the same
 plain methods: ``observe_rollout``, ``observe_update``, ``observe_post_update``, ``llds_term``,
 ``end_step``, ``close``. Sums stay on the trainer's device until ``end_step``, which reduces them
-across ranks (``all_reduce(SUM)``, exact), moves one small vector to the host, writes the row on
-rank 0 and runs the detector, the sinks and the actions.
+across ranks (one gather, exact), moves one small vector to the host, writes the row on rank 0
+and runs the detector, the sinks and the actions. The work is done by the parts listed in
+docs/architecture.md; this class validates, wires them together and owns the lifecycle.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 import warnings
@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from lld_monitor import columns as C
-from lld_monitor import distributed
+from lld_monitor import distributed, llds_checks, monitor_config, rollout, step_metrics
+from lld_monitor import resume as resume_state
 from lld_monitor.actions import (  # noqa: F401  (re-exported: the former home)
     AUTO_LLDS_ACCEPTED,
     AUTO_LLDS_KINDS,
@@ -34,8 +35,9 @@ from lld_monitor.correctness import CorrectnessRule, ThresholdWatch
 from lld_monitor.dispatch import EventDispatcher
 from lld_monitor.events import Alert, make_event
 from lld_monitor.failure import FailurePolicy
+from lld_monitor.llds_checks import ZERO_STD_WARN, OnceNotes  # noqa: F401  (re-exported)
 from lld_monitor.llds_switch import LLDSSwitch
-from lld_monitor.step_metrics import FIELD_NAMES, StepMetrics, row_from_sums
+from lld_monitor.step_metrics import FIELD_INDEX, FIELD_NAMES, StepMetrics, row_from_sums
 from lld_monitor.token_sampling import (  # noqa: F401  (re-exported: the former home)
     SAMPLE_RESPONSE,
     SAMPLE_TOP_TOKEN,
@@ -45,19 +47,6 @@ from lld_monitor.token_sampling import (  # noqa: F401  (re-exported: the former
 )
 
 logger = logging.getLogger("lld_monitor")
-
-#: ``frac_zero_std_groups`` of a rollout batch at or above which the monitor warns (once) that
-#: LLDS's gate rarely fires (most groups give every response advantage 0).
-ZERO_STD_WARN = 0.75
-
-
-def _check_completion_mask(completion_mask: torch.Tensor | None, ref: torch.Tensor) -> None:
-    """ValueError unless ``completion_mask`` is None or [B, L] like ``ref``."""
-    if completion_mask is not None and completion_mask.shape != ref.shape:
-        raise ValueError(
-            f"completion_mask must be [B, L] = {list(ref.shape)} like the log-probs and mask, got "
-            f"{tuple(completion_mask.shape)} (1 on every completion position, 0 on padding)"
-        )
 
 
 class LLDMonitor:
@@ -90,30 +79,10 @@ class LLDMonitor:
         llds_with_dropout: bool = False,
         resume: bool = False,
     ) -> None:
-        if not 0.0 <= float(probe_fraction) <= 1.0:
-            raise ValueError(
-                f"probe_fraction must be in [0, 1] (0 turns the post-update probe off), "
-                f"got {probe_fraction!r}"
-            )
-        from lld_monitor.llds import LLDSConfig
-
-        if llds is not None and not isinstance(llds, LLDSConfig):
-            raise ValueError("llds must be an lld_monitor.LLDSConfig or None")
+        self.probe_fraction = monitor_config.check_probe_fraction(probe_fraction)
+        config = monitor_config.check_llds(llds)
         self.run_dir = Path(run_dir)
-        launched_rank = os.environ.get("RANK", "0")  # set by torchrun/accelerate before init
-        if (
-            distributed.rank() == 0
-            and launched_rank == "0"
-            and ((self.run_dir / "steps.jsonl").exists() or (self.run_dir / "meta.json").exists())
-        ):
-            # fail here, not at the first step (where the error would be reported and swallowed)
-            if not resume:
-                raise FileExistsError(
-                    f"{self.run_dir} already holds a run; give the monitor a new folder (or "
-                    "delete that one), or pass resume=True to continue it (training resumed "
-                    "from a checkpoint)"
-                )
-        self.probe_fraction = float(probe_fraction)
+        monitor_config.check_run_dir(self.run_dir, resume)  # here: at a step it is swallowed
         self.correctness = CorrectnessRule(correct_fn, correct_threshold, correct_reward)
         self.dispatch = EventDispatcher(sinks, self.guard, self._replayed_event)
         self.actions = ActionPolicy(
@@ -130,9 +99,8 @@ class LLDMonitor:
         self.resumed_last_step: int | None = None
         self.meta: dict[str, Any] = dict(meta or {})
         self._llds_given = llds is not None
-        config = llds if llds is not None else LLDSConfig(enabled=False)
         self.llds = LLDSSwitch(config, self._on_llds_change)
-        self.detector = self._make_detector(detector)
+        self.detector = monitor_config.make_detector(detector)
 
         self.rank = 0
         self.writer: Any | None = None
@@ -146,33 +114,17 @@ class LLDMonitor:
         self.should_save = False  # set by checkpoint_on_collapse; reset by the adapter
         self.closed = False
         self._acc = StepMetrics()
-        self._last_rollout: dict[str, Any] | None = None
+        self._last_rollout: rollout.Rollout | None = None
         self.failures = FailurePolicy(self.strict, self._on_error)
         self.threshold_watch = ThresholdWatch(self.correctness)
         self.reward_fn_names: list[str] = []  # the same on every rank: fixes the vector length
         self._phase: str | None = None
         self._lock = threading.RLock()
         self.reuse_warning: str | None = None  # set by an adapter when LLDS can never act
-        self._notes_said: set[str] = set()  # llds checks and notes said once per run
+        self.notes = OnceNotes(self._event, self.guard)  # llds checks and notes, once per run
         self.last_local_sums: torch.Tensor | None = None  # strict mode: see sum_layout()
 
     # -- setup --------------------------------------------------------------------------------
-
-    def _make_detector(self, detector: Any) -> Any | None:
-        if detector is None or detector is False:
-            return None
-        if detector is True:
-            try:
-                from lld_monitor.analysis import PhaseDetector
-            except ImportError as err:
-                logger.warning(
-                    "lld_monitor: no online phase detector (%s); rows are still logged", err
-                )
-                return None
-            return PhaseDetector()
-        if not hasattr(detector, "update"):
-            raise ValueError("detector must be True, None, or an object with update(row) -> alerts")
-        return detector
 
     def attach(self, trainer: Any) -> LLDMonitor:
         """Hook into ``trainer`` (TRL GRPOTrainer: full; transformers Trainer: standard metrics)."""
@@ -219,12 +171,7 @@ class LLDMonitor:
             if not lld_columns:
                 full_meta["lld_columns_absent"] = list(C.LLD_COLUMNS)
             if self.resume:
-                from lld_monitor.runlog import is_run_dir, load_run
-
-                if is_run_dir(self.run_dir):
-                    steps = load_run(self.run_dir).steps
-                    if len(steps):
-                        self.resumed_last_step = int(steps[C.STEP].max())
+                self.resumed_last_step = resume_state.last_logged_step(self.run_dir)
             self.writer = RunWriter(self.run_dir, meta=full_meta, resume=self.resume)
             self.dispatch.open(
                 self.writer,
@@ -232,28 +179,15 @@ class LLDMonitor:
             )
 
     def _config_meta(self) -> dict[str, Any]:
-        cfg = self.llds.config
-        return {
-            "probe_fraction": self.probe_fraction,
-            "correct_threshold": self.correct_threshold,
-            "correct_fn": getattr(self.correct_fn, "__name__", None),
-            "correctness": self.correctness.describe(),
-            "auto_llds": self.auto_llds,
-            "auto_llds_on": list(self.auto_llds_on),
-            "stop_on_collapse": self.stop_on_collapse,
-            "checkpoint_on_collapse": self.checkpoint_on_collapse,
-            "token_samples_per_step": self.tokens.token_samples,
-            "llds_with_dropout": self.llds_with_dropout,
-            "response_samples_per_step": self.tokens.response_samples,
-            "detector": type(self.detector).__name__ if self.detector is not None else None,
-            "llds": {
-                "enabled": cfg.enabled,
-                "lam": cfg.lam,
-                "gate": cfg.gate,
-                "normalize": cfg.normalize,
-                "answer_weighting": cfg.answer_weighting,
-            },
-        }
+        return monitor_config.config_meta(
+            probe_fraction=self.probe_fraction,
+            correctness=self.correctness,
+            actions=self.actions,
+            tokens=self.tokens,
+            llds_with_dropout=self.llds_with_dropout,
+            detector=self.detector,
+            llds=self.llds.config,
+        )
 
     # -- failure policy (lld_monitor/failure.py) -------------------------------------------------
 
@@ -283,35 +217,18 @@ class LLDMonitor:
         return not failed
 
     def _record_rank_failure(self, where: str, failed: list[int], what: str) -> None:
+        msg = f"{where} failed on rank(s) {failed}: {what} (that rank's log has the traceback)"
         with self.guard("error event"):
-            self._event(
-                make_event(
-                    "error",
-                    self.step,
-                    where,
-                    f"{where} failed on rank(s) {failed}: {what} (that rank's log has the "
-                    "traceback)",
-                    "warning",
-                    {"ranks": failed},
-                )
-            )
+            self._emit("error", self.step, where, msg, "warning", {"ranks": failed})
 
     def _on_error(self, where: str, err: BaseException) -> None:
-        self._event(
-            make_event(
-                "error",
-                self.step,
-                where,
-                f"{where} failed: {type(err).__name__}: {err}",
-                "warning",
-                {"exception": type(err).__name__},
-            )
-        )
+        msg = f"{where} failed: {type(err).__name__}: {err}"
+        self._emit("error", self.step, where, msg, "warning", {"exception": type(err).__name__})
 
     def _report_error(self, where: str, err: BaseException) -> None:
         self.failures.report(where, err)
 
-    # -- events -------------------------------------------------------------------------------
+    # -- events (lld_monitor/dispatch.py) ---------------------------------------------------------
 
     def _event(self, event: dict[str, Any]) -> None:
         """Write an event (rank 0) and pass it to the sinks; queued until the run log opens."""
@@ -319,29 +236,30 @@ class LLDMonitor:
             return
         self.dispatch.event(event)
 
-    @property
-    def sinks(self) -> list[Any]:
-        return self.dispatch.sinks
+    def _emit(
+        self,
+        type_: str,
+        step: int,
+        kind: str,
+        message: str,
+        severity: str = "info",
+        evidence: dict[str, Any] | None = None,
+    ) -> None:
+        self._event(make_event(type_, step, kind, message, severity, evidence))
+
+    sinks = property(lambda self: self.dispatch.sinks)
 
     def _on_llds_change(self, enabled: bool, lam: float, reason: str) -> None:
-        state = f"on (lambda={lam:g})" if enabled else "off"
-        msg = f"LLDS switched {state} by {reason}"
+        msg = LLDSSwitch.change_message(enabled, lam, reason)
         if enabled and self.reuse_warning:
             warnings.warn(self.reuse_warning, UserWarning, stacklevel=4)
             msg += f"; {self.reuse_warning}"
+        kind = "llds_enable" if enabled else "llds_disable"
+        evidence = {"enabled": int(enabled), "lam": lam, "reason": reason}
         with self.guard("llds switch event"):
-            self._event(
-                make_event(
-                    "intervention",
-                    self.step,
-                    "llds_enable" if enabled else "llds_disable",
-                    msg,
-                    "info",
-                    {"enabled": int(enabled), "lam": lam, "reason": reason},
-                )
-            )
+            self._emit("intervention", self.step, kind, msg, "info", evidence)
 
-    # -- correctness --------------------------------------------------------------------------
+    # -- correctness (lld_monitor/correctness.py) -------------------------------------------------
 
     @property
     def correct_fn(self) -> Callable[..., Any] | None:
@@ -353,9 +271,7 @@ class LLDMonitor:
         self.correctness = CorrectnessRule(fn, rule.threshold, rule.reward)
         self.threshold_watch.rule = self.correctness
 
-    @property
-    def correct_threshold(self) -> float:
-        return self.correctness.threshold
+    correct_threshold = property(lambda self: self.correctness.threshold)
 
     def correct_mask(
         self,
@@ -368,7 +284,7 @@ class LLDMonitor:
         """[B] bool by the monitor's correctness rule (lld_monitor/correctness.py)."""
         return self.correctness(rewards, advantages, batch, device, rewards_per_func)
 
-    # -- plain API: observe ---------------------------------------------------------------------
+    # -- plain API: observe (lld_monitor/rollout.py, step_metrics.py) -----------------------------
 
     def observe_rollout(
         self,
@@ -395,65 +311,20 @@ class LLDMonitor:
         correctness rule's ``correct_reward`` / ``correct_fn``).
         """
         with self.guard("observe_rollout"):
-            self._observe_rollout(
+            self._last_rollout = rollout.observe_rollout(
+                self._acc,
+                self.correctness,
                 logp_old,
                 mask,
-                rewards,
-                advantages,
-                token_ids,
-                entropy,
-                num_searches,
-                kl,
-                completion_mask,
-                rewards_per_func,
+                rewards=rewards,
+                advantages=advantages,
+                token_ids=token_ids,
+                entropy=entropy,
+                num_searches=num_searches,
+                kl=kl,
+                completion_mask=completion_mask,
+                rewards_per_func=rewards_per_func,
             )
-
-    def _observe_rollout(
-        self,
-        logp_old: torch.Tensor,
-        mask: torch.Tensor,
-        rewards: torch.Tensor | None,
-        advantages: torch.Tensor | None,
-        token_ids: torch.Tensor | None,
-        entropy: torch.Tensor | None,
-        num_searches: torch.Tensor | None,
-        kl: torch.Tensor | None = None,
-        completion_mask: torch.Tensor | None = None,
-        rewards_per_func: Mapping[str, torch.Tensor] | None = None,
-    ) -> None:
-        if logp_old.dim() != 2 or logp_old.shape != mask.shape:
-            raise ValueError(
-                f"logp_old and mask must both be [B, L], got {tuple(logp_old.shape)} and "
-                f"{tuple(mask.shape)}"
-            )
-        _check_completion_mask(completion_mask, mask)
-        logp_old = logp_old.detach()
-        batch, device = logp_old.shape[0], logp_old.device
-        if rewards is not None:
-            rewards = torch.as_tensor(rewards, device=device).detach().float().reshape(-1)
-        if advantages is not None:
-            advantages = torch.as_tensor(advantages, device=device).detach().float()
-        if rewards_per_func is not None:
-            rewards_per_func = {
-                name: torch.as_tensor(r, device=device).detach().float().reshape(-1)
-                for name, r in rewards_per_func.items()
-            }
-            for name, r in rewards_per_func.items():
-                self.observe_reward_fn(name, r)
-        correct = self.correct_mask(rewards, advantages, batch, device, rewards_per_func)
-        rule_r = self.correctness.rule_rewards(rewards, rewards_per_func)  # [B] or None
-        self._acc.add_rollout(
-            logp_old, mask, correct, rewards, entropy, kl, num_searches, rule_rewards=rule_r
-        )
-        self._last_rollout = {
-            "logp_old": logp_old,
-            "mask": mask.to(device),
-            "rewards": rewards,
-            "advantages": advantages,
-            "token_ids": token_ids,
-            "correct": correct,
-            "completion_mask": None if completion_mask is None else completion_mask.to(device),
-        }
 
     def observe_reward_fn(self, name: str, rewards: torch.Tensor) -> None:
         """Add the raw rewards [B] of one reward function (column ``reward_fn/<name>``)."""
@@ -496,20 +367,18 @@ class LLDMonitor:
                 raise ValueError(
                     "observe_post_update() needs an observe_rollout() of the same batch first"
                 )
-            ro = self._last_rollout
-            idx = rows
-            pick = (lambda t: t) if idx is None else (lambda t: None if t is None else t[idx])
+            ro = self._last_rollout.pick(rows)
             self.measure_displacement(
-                pick(ro["logp_old"]),
+                ro.logp_old,
                 logp_new,
-                pick(ro["mask"]),
-                pick(ro["correct"]),
-                token_ids=pick(ro["token_ids"]),
-                rewards=pick(ro["rewards"]),
-                advantages=pick(ro["advantages"]),
+                ro.mask,
+                ro.correct,
+                token_ids=ro.token_ids,
+                rewards=ro.rewards,
+                advantages=ro.advantages,
                 rows=rows,
                 tokenizer=tokenizer,
-                completion_mask=pick(ro["completion_mask"]),
+                completion_mask=ro.completion_mask,
             )
 
     def observe_in_batch(self, logp_new: torch.Tensor) -> None:
@@ -526,9 +395,7 @@ class LLDMonitor:
             ro = self._last_rollout
             if ro is None:
                 raise ValueError("observe_in_batch() needs an observe_rollout() of the batch first")
-            self._acc.add_in_batch(
-                ro["logp_old"], logp_new, ro["mask"], ro["correct"], ro["rewards"]
-            )
+            self._acc.add_in_batch(ro.logp_old, logp_new, ro.mask, ro.correct, ro.rewards)
 
     def measure_displacement(
         self,
@@ -554,39 +421,18 @@ class LLDMonitor:
         displacement: it is left out of the displacement columns (NaN when it is the step's only
         probe), and the run log says why once.
         """
-        from lld_monitor.metrics import displacement_sums
-
-        logp_new = logp_new.detach().to(logp_old.device)
-        if logp_new.shape != logp_old.shape:
-            raise ValueError(
-                f"logp_new {tuple(logp_new.shape)} must match the rollout's logp_old "
-                f"{tuple(logp_old.shape)} (same rows, same token positions)"
-            )
-        _check_completion_mask(completion_mask, logp_old)
-        scored_mask = mask
-        if rewards is not None:  # unscored responses are in neither likelihood group
-            finite = torch.isfinite(rewards.reshape(-1).to(mask.device))  # [B]
-            scored_mask = mask * finite[:, None].to(mask.dtype)
-        sums = displacement_sums(
-            logp_old=logp_old, logp_new=logp_new, mask=scored_mask, correct=correct
-        )
-        gen = mask.to(logp_old.device) != 0  # [B, L]
-        moved = ((logp_new != logp_old) & gen).any()  # device bool: did any log-prob change?
-        if stepped is False:
-            moved = torch.zeros_like(moved)
-        self._acc.add_probe(sums, moved)
-        maskf = mask.to(logp_old.dtype)
-        delta = ((logp_new - logp_old) * maskf).sum(-1)  # [B]
-        record = ProbeRecord(
+        record = rollout.measure_displacement(
+            self._acc,
             self.step,
-            token_ids,
-            mask,
             logp_old,
             logp_new,
+            mask,
             correct,
-            delta,
-            rows,
-            None if completion_mask is None else completion_mask.to(logp_old.device),
+            token_ids=token_ids,
+            rows=rows,
+            rewards=rewards,
+            completion_mask=completion_mask,
+            stepped=stepped,
         )
         self.last_probe = record
         self.tokens.add(record, rewards, advantages, tokenizer, keep=self.rank == 0)
@@ -596,7 +442,7 @@ class LLDMonitor:
         """The step's token samples (lld_monitor/token_sampling.py, ``sample_rows``)."""
         return self.tokens.rows(sources)
 
-    # -- plain API: LLDS ------------------------------------------------------------------------
+    # -- plain API: LLDS (lld_monitor/llds_switch.py) ---------------------------------------------
 
     def llds_term(
         self,
@@ -614,32 +460,16 @@ class LLDMonitor:
         weighted by beta (adaptive schedules need ``mean_valid_searches``); other keywords
         (``action_ids``) go to ``llds_loss``.
         """
-        zero = logp_new.new_zeros(())
-        if not self.llds.enabled:
-            return zero, None
         try:
-            from lld_monitor.llds import llds_loss
-
-            cfg = self.llds.config
-            searches = kw.pop("mean_valid_searches", None)
-            if kw.get("answer_mask") is not None and "answer_weight" not in kw:
-                kw["answer_weight"] = cfg.answer_weight(searches)
-            out = llds_loss(
-                logp_new=logp_new,
-                logp_old=logp_old.detach(),
-                advantages=advantages,
-                mask=mask,
-                gate=cfg.gate,
-                normalize=cfg.normalize,
-                **kw,
-            )
-            self._acc.add_llds(out)
-            return cfg.lam * out.loss, out
+            term, out = self.llds.term(logp_new, logp_old, advantages, mask, **kw)
+            if out is not None:
+                self._acc.add_llds(out)
+            return term, out
         except Exception as err:
             if self.strict:
                 raise
             self._report_error("llds_term", err)
-            return zero, None
+            return logp_new.new_zeros(()), None
 
     @staticmethod
     def sum_layout() -> tuple[tuple[str, ...], int]:
@@ -670,10 +500,8 @@ class LLDMonitor:
 
     def _reduce_step(self, step: int) -> list[float] | None:
         """This rank's packed sums, gathered from every rank and reduced (host floats)."""
-        acc = self._acc
-        names = self.reward_fn_names
-        for name in sorted(set(acc.reward_fn) - set(names)):  # first seen this step
-            names.append(name)
+        acc, names = self._acc, self.reward_fn_names
+        names += sorted(set(acc.reward_fn) - set(names))  # first seen this step
         vec: torch.Tensor | None = None
         device = distributed.collective_device(acc.device)
         with self.guard("end_step"):
@@ -685,21 +513,16 @@ class LLDMonitor:
         if vec is None:
             vec = StepMetrics.failed(device, len(names))
         if distributed.rank() == 0:  # the switch state only rank 0 decides
-            vec[FIELD_NAMES.index("llds_on")] = float(self.llds.enabled)
-            vec[FIELD_NAMES.index("llds_lam")] = self.llds.lam
+            vec[FIELD_INDEX["llds_on"]] = float(self.llds.enabled)
+            vec[FIELD_INDEX["llds_lam"]] = self.llds.lam
         with self.collective("end_step reduction"):
-            rows = distributed.gather_rows(vec)  # [world, n]
-            host = StepMetrics.reduce(rows).tolist()  # the one host transfer of the step
-        i_failed = FIELD_NAMES.index("n_failed")
+            host, failed = step_metrics.gather_and_reduce(vec)
         if distributed.world_size() == 1:
-            return None if host[i_failed] > 0 else host  # the failure is reported already
-        s = dict(zip(FIELD_NAMES, host[: len(FIELD_NAMES)], strict=True))
-        if s["n_failed"] > 0:
-            failed = [r for r, f in enumerate(rows[:, i_failed].tolist()) if f > 0.5]
-            self._record_rank_failure(
-                "end_step", failed, "those ranks sent zeros; the row holds the other ranks' sums"
-            )
-        on, lam = s["llds_on"], s["llds_lam"]
+            return None if failed else host  # the failure is reported already
+        if failed:
+            what = "those ranks sent zeros; the row holds the other ranks' sums"
+            self._record_rank_failure("end_step", failed, what)
+        on, lam = host[FIELD_INDEX["llds_on"]], host[FIELD_INDEX["llds_lam"]]
         if not math.isnan(on) and self.llds._sync(bool(on > 0.5), lam):
             logger.info("lld_monitor: LLDS state adopted from rank 0")
         return host
@@ -707,22 +530,13 @@ class LLDMonitor:
     def _write_row(self, step: int, host: list[float], extra: Mapping[str, Any]) -> dict[str, Any]:
         row: dict[str, Any] = {C.STEP: step, C.TIME: time.time()}
         row.update(row_from_sums(host, self.reward_fn_names))
-        i_probe, i_still = FIELD_NAMES.index("n_probe"), FIELD_NAMES.index("n_probe_still")
-        if host[i_probe] == 0 and host[i_still] > 0:
+        n_still = host[FIELD_INDEX["n_probe_still"]]
+        if host[FIELD_INDEX["n_probe"]] == 0 and n_still > 0:
             self._note_once(
-                "no_step_probe",
-                step,
-                "displacement columns left out: the post-update probe found no generated token "
-                "whose log-prob changed (the optimizer did not step: learning rate 0 during "
-                "warm-up, or skipped steps; or the policy puts probability 1 on every sampled "
-                "token), so such rows are no evidence of displacement; said once, it applies to "
-                "every such row",
-                "info",
-                {"probes": host[i_still]},
+                "no_step_probe", step, llds_checks.NO_STEP_PROBE, "info", {"probes": n_still}
             )
         row.update(extra)
-        self._check_threshold_reached(row, host[FIELD_NAMES.index("rule_reward_max")])
-
+        self._check_threshold_reached(row, host[FIELD_INDEX["rule_reward_max"]])
         self.last_row = row
         if self.rank == 0 and self.writer is not None and not self._replaying(step):
             self.dispatch.row(row)
@@ -740,35 +554,18 @@ class LLDMonitor:
         logger.warning("lld_monitor: %s", msg)
         if self.rank == 0:
             warnings.warn(msg, UserWarning, stacklevel=2)
-        self._event(
-            make_event(
-                "lifecycle",
-                int(row.get(C.STEP, self.step)),
-                "no_correct_responses",
-                msg,
-                "warning",
-                {"rule_reward_max": self.threshold_watch.rule_max},
-            )
-        )
+        evidence = {"rule_reward_max": self.threshold_watch.rule_max}
+        step = int(row.get(C.STEP, self.step))
+        self._emit("lifecycle", step, "no_correct_responses", msg, "warning", evidence)
 
-    # -- LLDS checks ----------------------------------------------------------------------------
+    # -- LLDS checks (lld_monitor/llds_checks.py) -------------------------------------------------
 
     def _note_once(
         self, key: str, step: int, message: str, severity: str, evidence: Mapping[str, Any]
     ) -> bool:
         """Record ``message`` as a lifecycle event ``key`` (rank 0), once per run; warn too if
         ``severity`` is "warning". False when it was said before."""
-        if key in self._notes_said:
-            return False
-        self._notes_said.add(key)
-        if severity == "warning":
-            logger.warning("lld_monitor: %s", message)
-            warnings.warn(message, UserWarning, stacklevel=3)
-        else:
-            logger.info("lld_monitor: %s", message)
-        with self.guard("llds check event"):
-            self._event(make_event("lifecycle", step, key, message, severity, dict(evidence)))
-        return True
+        return self.notes.say(key, step, message, severity, evidence)
 
     def check_llds_can_act(
         self, *, reuse_problem: str | None = None, num_generations: int | None = None
@@ -780,57 +577,21 @@ class LLDMonitor:
         ``integrations.trl.llds_reuse_problem``) and ``num_generations`` (responses per prompt).
         Returns the messages said now. Nothing is said while LLDS is off and ``auto_llds`` is off.
         """
-        said: list[str] = []
-        if not (self.llds.enabled or self.auto_llds):
-            return said
-        who = (
-            "LLDS is on"
-            if self.llds.enabled
-            else f"auto_llds may switch LLDS on ({', '.join(self.auto_llds_on)} alerts)"
-        )
-        if reuse_problem:
-            msg = f"{who}, but it cannot act: {reuse_problem}"
-            if self._note_once("llds_check_reuse", self.step, msg, "warning", {}):
-                said.append(msg)
-        if num_generations is not None and int(num_generations) <= 2:
-            msg = (
-                f"{who}, but its gate rarely fires with num_generations={int(num_generations)}: "
-                "with two responses per prompt most groups have equal rewards (advantage 0, no "
-                "gradient, nothing displaced) and a mixed group has one preserving response. "
-                "Set num_generations >= 4 (the paper uses 5)."
-            )
-            if self._note_once(
-                "llds_check_generations",
-                self.step,
-                msg,
-                "warning",
-                {"num_generations": num_generations},
-            ):
-                said.append(msg)
-        return said
+        who = llds_checks.llds_subject(self.llds.enabled, self.auto_llds, self.auto_llds_on)
+        problems = llds_checks.can_act_problems(who, reuse_problem, num_generations)
+        return [m for key, m, ev in problems if self._note_once(key, self.step, m, "warning", ev)]
 
     def _check_zero_std(self, row: Mapping[str, Any], step: int) -> None:
         """Warn once when most prompt groups of a rollout batch have zero reward variance while
         LLDS is on or may be switched on: few responses get a gradient, the gate rarely fires."""
         frac = row.get(C.FRAC_ZERO_STD_GROUPS)
-        if frac is None or not (self.llds.enabled or self.auto_llds):
-            return
-        if not (isinstance(frac, int | float) and frac >= ZERO_STD_WARN):
-            return
-        who = "LLDS is on" if self.llds.enabled else "auto_llds may switch LLDS on"
-        self._note_once(
-            "llds_check_zero_std",
-            step,
-            f"{who}, but {frac:.0%} of the prompt groups of the rollout batch at step {step} have "
-            f"zero reward variance ({C.FRAC_ZERO_STD_GROUPS} >= {ZERO_STD_WARN}): their responses "
-            "get advantage 0 and no gradient, so LLDS's gate rarely fires. Use more generations "
-            "per prompt, a higher temperature, or prompts the policy solves sometimes (not "
-            "always or never); said once",
-            "warning",
-            {C.FRAC_ZERO_STD_GROUPS: float(frac)},
-        )
+        who = llds_checks.llds_subject(self.llds.enabled, self.auto_llds)
+        msg = llds_checks.zero_std_problem(who, frac, step)
+        if msg is not None:
+            evidence = {C.FRAC_ZERO_STD_GROUPS: float(frac)}
+            self._note_once("llds_check_zero_std", step, msg, "warning", evidence)
 
-    # -- detector and actions -------------------------------------------------------------------
+    # -- detector and actions (lld_monitor/actions.py) --------------------------------------------
 
     def _detect(self, row: Mapping[str, Any], step: int) -> None:
         """Feed the detector (every rank, same rows -> same alerts) and act on its alerts."""
@@ -841,21 +602,15 @@ class LLDMonitor:
         with self.guard("detector"):
             alerts = list(self.detector.update(row) or [])
         self.last_alerts = alerts
-        phase = getattr(self.detector, "phase", None)
-        if phase is not None and phase != self._phase:
-            if self._phase is not None or phase != "healthy":
-                self._event(
-                    make_event(
-                        "phase",
-                        step,
-                        str(phase),
-                        f"phase {self._phase} -> {phase}"
-                        if self._phase is not None
-                        else f"phase {phase} at the first analysed step",
-                        "info",
-                        {"previous": self._phase},
-                    )
+        phase, prev = getattr(self.detector, "phase", None), self._phase
+        if phase is not None and phase != prev:
+            if prev is not None or phase != "healthy":
+                msg = (
+                    f"phase {prev} -> {phase}"
+                    if prev is not None
+                    else (f"phase {phase} at the first analysed step")
                 )
+                self._emit("phase", step, str(phase), msg, "info", {"previous": prev})
             self._phase = phase
         for alert in alerts:
             self._event(alert.to_event())
@@ -866,43 +621,21 @@ class LLDMonitor:
         """The actions this monitor's settings take on ``alert``: ``[(action, reason), ...]``."""
         return self.actions.decide(alert, self.llds.enabled)
 
-    @property
-    def auto_llds(self) -> bool:
-        return self.actions.auto_llds
-
-    @property
-    def auto_llds_on(self) -> tuple[str, ...]:
-        return self.actions.auto_llds_on
-
-    @property
-    def stop_on_collapse(self) -> bool:
-        return self.actions.stop_on_collapse
-
-    @property
-    def checkpoint_on_collapse(self) -> bool:
-        return self.actions.checkpoint_on_collapse
-
-    @property
-    def token_samples_per_step(self) -> int:
-        return self.tokens.token_samples
-
-    @property
-    def response_samples_per_step(self) -> int:
-        return self.tokens.response_samples
+    auto_llds = property(lambda self: self.actions.auto_llds)
+    auto_llds_on = property(lambda self: self.actions.auto_llds_on)
+    stop_on_collapse = property(lambda self: self.actions.stop_on_collapse)
+    checkpoint_on_collapse = property(lambda self: self.actions.checkpoint_on_collapse)
+    token_samples_per_step = property(lambda self: self.tokens.token_samples)
+    response_samples_per_step = property(lambda self: self.tokens.response_samples)
 
     def _act(self, alert: Alert, step: int) -> None:
         for action, reason in self.decide(alert):
+            evidence = {"alert": alert.kind}
             if action == "llds_enable":
                 if self.llds.blocked is not None:
-                    self._event(
-                        make_event(
-                            "intervention",
-                            step,
-                            "llds_enable_refused",
-                            f"{reason}: refused, {self.llds.blocked}",
-                            "warning",
-                            {"alert": alert.kind},
-                        )
+                    msg = f"{reason}: refused, {self.llds.blocked}"
+                    self._emit(
+                        "intervention", step, "llds_enable_refused", msg, "warning", evidence
                     )
                     continue
                 lam = self.llds.lam if self._llds_given else AUTO_LLDS_LAMBDA
@@ -912,69 +645,48 @@ class LLDMonitor:
                 self.should_stop = True
             elif action == "checkpoint":
                 self.should_save = True
-            self._event(
-                make_event("intervention", step, action, reason, "warning", {"alert": alert.kind})
-            )
+            self._emit("intervention", step, action, reason, "warning", evidence)
 
-    # -- resume -------------------------------------------------------------------------------
+    # -- resume (lld_monitor/resume.py) -----------------------------------------------------------
 
     def _replayed_event(self, event: Mapping[str, Any]) -> bool:
         """An alert/phase/intervention event of a step the resumed folder already holds."""
-        kind = event.get(C.EVENT_TYPE)
-        return kind in ("alert", "phase", "intervention") and self._replaying(
-            event.get(C.EVENT_STEP)
-        )
+        return resume_state.replayed_event(self.resumed_last_step, event)
 
     def _replaying(self, step: Any) -> bool:
         """True for a step a resumed folder already holds (replayed after an earlier checkpoint)."""
-        last = self.resumed_last_step
-        return last is not None and isinstance(step, int | float) and step <= last
+        return resume_state.replaying(self.resumed_last_step, step)
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs (plain JSON): step, LLDS switch, detector, phase, warnings.
 
         The adapters save it with every Trainer checkpoint (``trainer_state.json``).
         """
-        det = self.detector
-        return {
-            "version": 1,
-            "step": self.step,
-            "llds": {"enabled": self.llds.enabled, "lam": self.llds.lam},
-            "phase": self._phase,
-            "detector": det.state_dict() if hasattr(det, "state_dict") else None,
-            "reward_fn_names": list(self.reward_fn_names),
-            "correctness": self.threshold_watch.state_dict(),
-        }
+        return resume_state.monitor_state(
+            step=self.step,
+            llds_enabled=self.llds.enabled,
+            llds_lam=self.llds.lam,
+            phase=self._phase,
+            detector=self.detector,
+            reward_fn_names=self.reward_fn_names,
+            correctness=self.threshold_watch.state_dict(),
+        )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a :meth:`state_dict` (the LLDS switch state is an ``intervention`` event)."""
-        if state.get("version") != 1:
-            raise ValueError(f"unsupported LLDMonitor state version {state.get('version')!r}")
-        self.step = int(state["step"])
-        det_state = state.get("detector")
-        if det_state is not None and hasattr(self.detector, "load_state_dict"):
-            self.detector.load_state_dict(det_state)
-        self._phase = state.get("phase")
-        for name in state.get("reward_fn_names", []):
+        s = resume_state.parse_state(state)
+        self.step = s.step
+        if s.detector is not None and hasattr(self.detector, "load_state_dict"):
+            self.detector.load_state_dict(s.detector)
+        self._phase = s.phase
+        for name in s.reward_fn_names:
             if name not in self.reward_fn_names:
                 self.reward_fn_names.append(name)
-        self.threshold_watch.load_state_dict(state.get("correctness") or {})
-        llds = state["llds"]
-        enabled, lam = bool(llds["enabled"]), float(llds["lam"])
-        self.llds._sync(enabled, lam)
+        self.threshold_watch.load_state_dict(s.correctness)
+        self.llds._sync(s.llds_enabled, s.llds_lam)
+        evidence = {"llds_enabled": int(s.llds_enabled), "llds_lam": s.llds_lam}
         with self.guard("resume event"):
-            self._event(
-                make_event(
-                    "lifecycle",
-                    self.step,
-                    "restore",
-                    f"monitor state restored from the checkpoint before step {self.step}: LLDS "
-                    + (f"on (lambda={lam:g})" if enabled else "off")
-                    + f", phase {self._phase}",
-                    "info",
-                    {"llds_enabled": int(enabled), "llds_lam": lam},
-                )
-            )
+            self._emit("lifecycle", self.step, "restore", s.restore_message(), "info", evidence)
 
     # -- end ----------------------------------------------------------------------------------
 

@@ -3,9 +3,10 @@
 Each field of the per-step vector declares how ranks combine it: ``sum`` (counts and sums, exact),
 ``max`` (over ranks, NaN-ignoring) or ``rank0`` (rank 0's value: the LLDS switch state). The
 monitor packs the fields, the K confidence sums, the K probe sums and (sum, count) per reward
-function into one float64 vector; :func:`lld_monitor.distributed.gather_rows` brings every rank's
-vector in one collective and :meth:`StepMetrics.reduce` combines them by the declared rule, the
-same way on every rank. :func:`row_from_sums` turns the reduced sums into the step's columns.
+function into one float64 vector; :func:`gather_and_reduce` brings every rank's vector in one
+collective (:func:`lld_monitor.distributed.gather_rows`) and combines them by the declared rule
+(:meth:`StepMetrics.reduce`), the same way on every rank. :func:`row_from_sums` turns the
+reduced sums into the step's columns.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from lld_monitor import columns as C
+from lld_monitor import distributed
 
 SUM, MAX, RANK0 = "sum", "max", "rank0"
 
@@ -320,6 +322,21 @@ class StepMetrics:
                 m = torch.where(torch.isnan(col), -math.inf, col).max()
                 out[i] = torch.where(m == -math.inf, math.nan, m)
         return out
+
+
+def gather_and_reduce(vec: torch.Tensor) -> tuple[list[float], list[int]]:
+    """``(reduced, failed)``: every rank's packed ``vec`` [n] gathered (one collective) and reduced.
+
+    ``reduced`` is the [n] reduction as host floats (the one host transfer of the step, the same
+    on every rank); ``failed`` lists the ranks that sent ``n_failed`` (read only when some did).
+    Every rank must call it at the same point.
+    """
+    rows = distributed.gather_rows(vec)  # [world, n]
+    host = StepMetrics.reduce(rows).tolist()
+    i_failed = FIELD_INDEX["n_failed"]
+    if host[i_failed] <= 0:
+        return host, []
+    return host, [r for r, f in enumerate(rows[:, i_failed].tolist()) if f > 0.5]
 
 
 def _maximum(m: float | torch.Tensor, v: float | torch.Tensor) -> float | torch.Tensor:
