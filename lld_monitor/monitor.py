@@ -28,10 +28,13 @@ from lld_monitor.actions import (  # noqa: F401  (re-exported: the former home)
     AUTO_LLDS_ACCEPTED,
     AUTO_LLDS_KINDS,
     AUTO_LLDS_LAMBDA,
+    CHECKPOINT,
     COLLAPSE_KINDS,
+    STOP,
     ActionPolicy,
 )
 from lld_monitor.correctness import CorrectnessRule, ThresholdWatch
+from lld_monitor.detection import Responder
 from lld_monitor.dispatch import EventDispatcher
 from lld_monitor.events import Alert, make_event
 from lld_monitor.failure import FailurePolicy
@@ -98,9 +101,7 @@ class LLDMonitor:
         #: it are not written again (a run resumed from an earlier checkpoint replays them).
         self.resumed_last_step: int | None = None
         self.meta: dict[str, Any] = dict(meta or {})
-        self._llds_given = llds is not None
         self.llds = LLDSSwitch(config, self._on_llds_change)
-        self.detector = monitor_config.make_detector(detector)
 
         self.rank = 0
         self.writer: Any | None = None
@@ -108,7 +109,6 @@ class LLDMonitor:
         self.step = 0  # the step the next end_step() writes (unless given)
         self.rows_written = 0
         self.last_row: dict[str, Any] = {}
-        self.last_alerts: list[Alert] = []
         self.last_probe: ProbeRecord | None = None
         self.should_stop = False  # set by stop_on_collapse; adapters copy it into control
         self.should_save = False  # set by checkpoint_on_collapse; reset by the adapter
@@ -118,36 +118,28 @@ class LLDMonitor:
         self.failures = FailurePolicy(self.strict, self._on_error)
         self.threshold_watch = ThresholdWatch(self.correctness)
         self.reward_fn_names: list[str] = []  # the same on every rank: fixes the vector length
-        self._phase: str | None = None
         self._lock = threading.RLock()
         self.reuse_warning: str | None = None  # set by an adapter when LLDS can never act
         self.notes = OnceNotes(self._event, self.guard)  # llds checks and notes, once per run
         self.last_local_sums: torch.Tensor | None = None  # strict mode: see sum_layout()
+        self.responder = Responder(
+            monitor_config.make_detector(detector),
+            self.actions,
+            self.llds,
+            llds_given=llds is not None,
+            emit=self._event,
+            alert_sink=self.dispatch.alert,
+            request=self._request,
+            guard=self.guard,
+        )
 
     # -- setup --------------------------------------------------------------------------------
 
     def attach(self, trainer: Any) -> LLDMonitor:
         """Hook into ``trainer`` (TRL GRPOTrainer: full; transformers Trainer: standard metrics)."""
-        kind = type(trainer).__module__ + "." + type(trainer).__qualname__
-        try:
-            from trl import GRPOTrainer
-        except ImportError:
-            GRPOTrainer = None
-        if GRPOTrainer is not None and isinstance(trainer, GRPOTrainer):
-            from lld_monitor.integrations.trl import GRPOAdapter
+        from lld_monitor.integrations import adapter_for
 
-            self.adapter = GRPOAdapter(self, trainer)
-        else:
-            from transformers import Trainer
-
-            if not isinstance(trainer, Trainer):
-                raise ValueError(
-                    f"attach() needs a trl.GRPOTrainer or a transformers.Trainer, got {kind}; "
-                    "for a hand-written loop call observe_rollout/observe_update/end_step instead"
-                )
-            from lld_monitor.integrations.transformers import TrainerAdapter
-
-            self.adapter = TrainerAdapter(self, trainer)
+        self.adapter = adapter_for(self, trainer)
         self.adapter.install()
         return self
 
@@ -161,15 +153,8 @@ class LLDMonitor:
                 return
             from lld_monitor.runlog import RunWriter
 
-            full_meta = {
-                "trainer": trainer,
-                "lld_columns": bool(lld_columns),
-                "config": self._config_meta(),
-                **meta,
-                **self.meta,
-            }
-            if not lld_columns:
-                full_meta["lld_columns_absent"] = list(C.LLD_COLUMNS)
+            config = self._config_meta()
+            full_meta = monitor_config.run_meta(trainer, lld_columns, config, meta, self.meta)
             if self.resume:
                 self.resumed_last_step = resume_state.last_logged_step(self.run_dir)
             self.writer = RunWriter(self.run_dir, meta=full_meta, resume=self.resume)
@@ -236,16 +221,9 @@ class LLDMonitor:
             return
         self.dispatch.event(event)
 
-    def _emit(
-        self,
-        type_: str,
-        step: int,
-        kind: str,
-        message: str,
-        severity: str = "info",
-        evidence: dict[str, Any] | None = None,
-    ) -> None:
-        self._event(make_event(type_, step, kind, message, severity, evidence))
+    def _emit(self, *args: Any) -> None:
+        """Record ``make_event(*args)``: type, step, kind, message, severity, evidence."""
+        self._event(make_event(*args))
 
     sinks = property(lambda self: self.dispatch.sinks)
 
@@ -414,12 +392,9 @@ class LLDMonitor:
     ) -> ProbeRecord:
         """Fold one post-update measurement ([B, L] tensors, ``correct`` [B]) into this step.
 
-        ``mask`` marks generated tokens; ``completion_mask`` [B, L] every completion position
-        (tool feedback included, padding 0; default ``mask``), for the whole-response samples.
-        A probe in which the optimizer did not step (``stepped=False`` from the adapter: learning
-        rate 0, skipped steps; or no generated token's log-prob changed at all) is no evidence of
-        displacement: it is left out of the displacement columns (NaN when it is the step's only
-        probe), and the run log says why once.
+        ``mask`` marks generated tokens, ``completion_mask`` every completion position (for the
+        whole-response samples). A probe in which the optimizer did not step (``stepped=False``,
+        or no log-prob moved) is left out of the displacement columns (rollout.py).
         """
         record = rollout.measure_displacement(
             self._acc,
@@ -455,10 +430,8 @@ class LLDMonitor:
         """``(lam * L_LLDS, LLDSOutput)``: [B, L] log-probs, [B] advantages; ``(0, None)`` if off.
 
         Add the first element to the loss (divide by the number of accumulated micro-batches
-        yourself). The output's statistics are recorded into the current step's llds_* columns.
-        With ``answer_mask`` [B, L] and the config's ``answer_weighting``, the answer span is
-        weighted by beta (adaptive schedules need ``mean_valid_searches``); other keywords
-        (``action_ids``) go to ``llds_loss``.
+        yourself); its statistics go to the step's llds_* columns. Keywords (``answer_mask``,
+        ``mean_valid_searches``, ``action_ids``): :meth:`LLDSSwitch.term`.
         """
         try:
             term, out = self.llds.term(logp_new, logp_old, advantages, mask, **kw)
@@ -563,8 +536,7 @@ class LLDMonitor:
     def _note_once(
         self, key: str, step: int, message: str, severity: str, evidence: Mapping[str, Any]
     ) -> bool:
-        """Record ``message`` as a lifecycle event ``key`` (rank 0), once per run; warn too if
-        ``severity`` is "warning". False when it was said before."""
+        """Say ``message`` once per run (lifecycle event ``key``); False when said before."""
         return self.notes.say(key, step, message, severity, evidence)
 
     def check_llds_can_act(
@@ -572,18 +544,16 @@ class LLDMonitor:
     ) -> list[str]:
         """Warn (once each) when LLDS is on or may be switched on but cannot act or rarely does.
 
-        Adapters call this at attach with what they know of the trainer's settings:
-        ``reuse_problem`` (why each batch gets a single update, naming the settings; see
-        ``integrations.trl.llds_reuse_problem``) and ``num_generations`` (responses per prompt).
-        Returns the messages said now. Nothing is said while LLDS is off and ``auto_llds`` is off.
+        Adapters call this at attach: ``reuse_problem`` (why each batch gets a single update, see
+        ``integrations.trl.llds_reuse_problem``), ``num_generations`` (responses per prompt).
+        Returns the messages said now (llds_checks.py).
         """
         who = llds_checks.llds_subject(self.llds.enabled, self.auto_llds, self.auto_llds_on)
         problems = llds_checks.can_act_problems(who, reuse_problem, num_generations)
         return [m for key, m, ev in problems if self._note_once(key, self.step, m, "warning", ev)]
 
     def _check_zero_std(self, row: Mapping[str, Any], step: int) -> None:
-        """Warn once when most prompt groups of a rollout batch have zero reward variance while
-        LLDS is on or may be switched on: few responses get a gradient, the gate rarely fires."""
+        """Warn once when most prompt groups have zero reward variance: the gate rarely fires."""
         frac = row.get(C.FRAC_ZERO_STD_GROUPS)
         who = llds_checks.llds_subject(self.llds.enabled, self.auto_llds)
         msg = llds_checks.zero_std_problem(who, frac, step)
@@ -595,27 +565,7 @@ class LLDMonitor:
 
     def _detect(self, row: Mapping[str, Any], step: int) -> None:
         """Feed the detector (every rank, same rows -> same alerts) and act on its alerts."""
-        if self.detector is None:
-            self.last_alerts = []
-            return
-        alerts: list[Alert] = []
-        with self.guard("detector"):
-            alerts = list(self.detector.update(row) or [])
-        self.last_alerts = alerts
-        phase, prev = getattr(self.detector, "phase", None), self._phase
-        if phase is not None and phase != prev:
-            if prev is not None or phase != "healthy":
-                msg = (
-                    f"phase {prev} -> {phase}"
-                    if prev is not None
-                    else (f"phase {phase} at the first analysed step")
-                )
-                self._emit("phase", step, str(phase), msg, "info", {"previous": prev})
-            self._phase = phase
-        for alert in alerts:
-            self._event(alert.to_event())
-            self.dispatch.alert(alert)
-            self._act(alert, step)
+        self.responder.update(row, step)
 
     def decide(self, alert: Alert) -> list[tuple[str, str]]:
         """The actions this monitor's settings take on ``alert``: ``[(action, reason), ...]``."""
@@ -629,23 +579,17 @@ class LLDMonitor:
     response_samples_per_step = property(lambda self: self.tokens.response_samples)
 
     def _act(self, alert: Alert, step: int) -> None:
-        for action, reason in self.decide(alert):
-            evidence = {"alert": alert.kind}
-            if action == "llds_enable":
-                if self.llds.blocked is not None:
-                    msg = f"{reason}: refused, {self.llds.blocked}"
-                    self._emit(
-                        "intervention", step, "llds_enable_refused", msg, "warning", evidence
-                    )
-                    continue
-                lam = self.llds.lam if self._llds_given else AUTO_LLDS_LAMBDA
-                self.llds.enable(lam, reason=reason)
-                continue
-            if action == "stop":
-                self.should_stop = True
-            elif action == "checkpoint":
-                self.should_save = True
-            self._emit("intervention", step, action, reason, "warning", evidence)
+        self.responder.act(alert, step)
+
+    def _request(self, action: str) -> None:
+        """A trainer request of an action: the adapters copy the flags into ``control``."""
+        if action == STOP:
+            self.should_stop = True
+        elif action == CHECKPOINT:
+            self.should_save = True
+
+    detector = property(lambda self: self.responder.detector)
+    last_alerts = property(lambda self: self.responder.last_alerts)
 
     # -- resume (lld_monitor/resume.py) -----------------------------------------------------------
 
@@ -666,7 +610,7 @@ class LLDMonitor:
             step=self.step,
             llds_enabled=self.llds.enabled,
             llds_lam=self.llds.lam,
-            phase=self._phase,
+            phase=self.responder.phase,
             detector=self.detector,
             reward_fn_names=self.reward_fn_names,
             correctness=self.threshold_watch.state_dict(),
@@ -678,7 +622,7 @@ class LLDMonitor:
         self.step = s.step
         if s.detector is not None and hasattr(self.detector, "load_state_dict"):
             self.detector.load_state_dict(s.detector)
-        self._phase = s.phase
+        self.responder.phase = s.phase
         for name in s.reward_fn_names:
             if name not in self.reward_fn_names:
                 self.reward_fn_names.append(name)

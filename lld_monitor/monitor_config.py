@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lld_monitor import columns as C
 from lld_monitor import distributed
 
 logger = logging.getLogger("lld_monitor")
@@ -101,3 +103,22 @@ def config_meta(
             "answer_weighting": llds.answer_weighting,
         },
     }
+
+
+def run_meta(
+    trainer: str,
+    lld_columns: bool,
+    config: dict[str, Any],
+    meta: Mapping[str, Any],
+    user_meta: Mapping[str, Any],
+) -> dict[str, Any]:
+    """meta.json: the trainer, the monitor's ``config``, the adapter's ``meta``, the user's.
+
+    The user's ``meta`` (the monitor's ``meta=`` argument) wins over the adapter's. Without LLD
+    columns (a trainer that exposes no log-probs) ``lld_columns_absent`` lists them.
+    """
+    full = {"trainer": trainer, "lld_columns": bool(lld_columns), "config": config}
+    full.update({**meta, **user_meta})
+    if not lld_columns:
+        full["lld_columns_absent"] = list(C.LLD_COLUMNS)
+    return full
