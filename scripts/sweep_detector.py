@@ -42,7 +42,7 @@ import numpy as np
 from lld_monitor import columns as C
 from lld_monitor.analysis.baselines import GradSpikeDetector, RewardDropDetector
 from lld_monitor.analysis.detector import DetectorConfig, PhaseDetector
-from lld_monitor.analysis.evaluation import run_detector, score_run
+from lld_monitor.analysis.evaluation import LLD_ALERT_KINDS, run_detector, score_run
 from lld_monitor.testing import COLLAPSE_KINDS, HEALTHY_KINDS, NOISE_LEVELS, make_run, wide_knobs
 
 PHASE_STEPS: tuple[int, ...] = (30, 60, 120, 250, 500, 1000)
@@ -52,6 +52,16 @@ ROWS_PER_BATCH: tuple[int, ...] = (1, 2, 4, 8)
 NOISE: tuple[str, ...] = tuple(NOISE_LEVELS)
 KINDS: tuple[str, ...] = COLLAPSE_KINDS + HEALTHY_KINDS
 DETECTOR_NAMES: tuple[str, ...] = ("ours", "grad_spike", "reward_drop")
+# evidence of our LLD alerts kept in the records (``--json``: what raised a false alarm)
+ALERT_EVIDENCE: tuple[str, ...] = (
+    "trend_level",
+    "logp_t",
+    "logp_t_crit",
+    "logp_change",
+    "window_steps",
+    "reward_t",
+    "reward_fall_frac",
+)
 PLAIN_T = -8.0  # hindsight t of the phase II slope below which a decline is "plain"
 
 
@@ -163,8 +173,21 @@ def run_one(spec: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
         "reward_drop": RewardDropDetector,
     }
     scores = {}
+    lld_alerts: list[dict[str, Any]] = []
     for name, factory in factories.items():
-        s = score_run(name, run_detector(factory(), run.steps), lab)
+        alerts = run_detector(factory(), run.steps)
+        s = score_run(name, alerts, lab)
+        if name == "ours":
+            lld_alerts = [
+                {
+                    "step": a.step,
+                    "kind": a.kind,
+                    "message": a.message,
+                    **{k: a.evidence.get(k) for k in ALERT_EVIDENCE if k in a.evidence},
+                }
+                for a in alerts
+                if a.kind in LLD_ALERT_KINDS
+            ]
         scores[name] = {
             "early_warning": s.early_warning,
             "early_lead": s.early_lead,
@@ -194,6 +217,7 @@ def run_one(spec: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
         "phase2_t": None if t is None else round(t, 3),
         "plain": None if t is None else bool(t <= PLAIN_T),
         "scores": scores,
+        "lld_alerts": lld_alerts,  # our detector's LLD alerts (what a false alarm was)
     }
 
 

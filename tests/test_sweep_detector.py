@@ -86,8 +86,15 @@ def test_sweep_on_a_tiny_grid(tmp_path):
     for rec in runs[:2]:
         run = make_run(rec["kind"], seed=rec["seed"], **rec["knobs"])
         assert len(run.steps) == rec["n_rows"]
-        s = score_run("ours", run_detector(PhaseDetector(), run.steps), run.labels)
+        alerts = run_detector(PhaseDetector(), run.steps)
+        s = score_run("ours", alerts, run.labels)
         assert s.first_early == rec["scores"]["ours"]["first_early"]
+        # the record names our LLD alerts (what a false alarm was), with their trend evidence
+        lld = [a for a in alerts if a.kind in ("stagnation", "decay", "displacement", "collapse")]
+        got_kinds = [(a["step"], a["kind"]) for a in rec["lld_alerts"]]
+        assert got_kinds == [(a.step, a.kind) for a in lld]
+        for a, got in zip(lld, rec["lld_alerts"]):
+            assert got.get("trend_level") == a.evidence.get("trend_level")
         assert s.early_warning == rec["scores"]["ours"]["early_warning"]
         assert s.false_alarm_any == rec["scores"]["ours"]["false_alarm_any"]
     # the baselines only emit collapse alerts: never an early warning

@@ -66,8 +66,8 @@ class DetectorConfig:
     trend_bins: int = 10  # bins per trend window: level j spans trend_bins * base * 2**j steps
     trend_levels: int = 9  # levels: windows of 30, 60, ... 7680 steps with the defaults
     trend_alpha: float = 0.01  # one-sided level of each trend test (Student t, AR(1) n_eff)
-    trend_persist: int = 4  # a level's condition must hold over this many of its bins
-    trend_alpha_decay: float = 0.5  # alpha shrinks as (window / elapsed) ** this in long runs
+    trend_persist: int = 4  # hold at (this - 1) consecutive tests spanning (this - 1) bins
+    trend_alpha_decay: float = 0.75  # alpha shrinks as (window / elapsed) ** this in long runs
     collapse_persist_steps: int = 6  # collapse must hold this long
     recover_steps: int = 40  # an LLD phase is left after its conditions cleared this long
     trend_t: float = 3.0  # |t| of an OLS slope that counts as a trend
@@ -82,6 +82,7 @@ class DetectorConfig:
     displaced_default_n: float = 8.0  # correct responses assumed per probe without n_correct
     # in-batch counts (distinct responses, a few per row): pooled with a half-life in responses
     inbatch_half_life: float = 24.0
+    inbatch_alpha_decay: float = 0.5  # its level shrinks as (window / responses so far) ** this
     grad_surge_ratio: float = 2.0  # fast / slow grad norm (geometric EMAs)
     entropy_rise_ratio: float = 1.15  # fast / slow entropy
     reward_fall_frac: float = 0.15  # reward EMA below its peak by this share of max(|peak|, gain)
@@ -464,7 +465,7 @@ class PhaseDetector:
             cfg.displaced_default_n,
             cfg.displaced_min_n,
             cfg.inbatch_half_life,
-            cfg.trend_alpha_decay,
+            cfg.inbatch_alpha_decay,
         )
 
     @property
@@ -999,11 +1000,16 @@ class PhaseDetector:
     def _trend_levels(self, step: float, closed: list[int]) -> None:
         """Re-test the levels whose bins just closed and update the confirmed trend rank.
 
-        A level's condition is confirmed when it has held at two or more consecutive tests
-        spanning at least ``trend_persist - 1`` of its bins in steps (a sparse log tests a level
-        less often than once per bin, and each of its tests then brings more new data).
+        A level's condition is confirmed when it has held at ``trend_persist - 1`` (at least 2)
+        consecutive tests (each test adds one closed bin: at least two new bins beyond the first
+        test's window) spanning at least ``trend_persist - 1`` of its bins in steps. Dense logs
+        need both: ``trend_persist`` tests. A sparse log (or a rollout batch repeated over more
+        rows than a bin holds) closes one bin of one observation per test, so the count of tests,
+        not the steps, says how much new data confirmed the condition (two tests, one new
+        observation of ten, were enough before, and raised most false alarms of sparse logs).
         """
         need = self.config.trend_persist
+        tests = max(need - 1, 2)
         h1, h2, s1, s2 = self._hold1, self._hold2, self._since1, self._since2
         changed = False
         for level in closed:
@@ -1024,8 +1030,8 @@ class PhaseDetector:
                 h2[level] = 0
             self._conf[level] = (
                 2
-                if h2[level] >= 2 and step - s2[level] >= span
-                else (1 if h1[level] >= 2 and step - s1[level] >= span else 0)
+                if h2[level] >= tests and step - s2[level] >= span
+                else (1 if h1[level] >= tests and step - s1[level] >= span else 0)
             )
             changed |= before != self._conf[level]
         if changed:
@@ -1133,7 +1139,7 @@ class PhaseDetector:
                 logp_change=f.change,
                 logp_slope=f.slope,
                 logp_t=f.t,
-                logp_t_crit=f.t_crit,
+                logp_t_crit=self._t_crit(f),
                 logp_se_change=f.se_change,
                 window_steps=f.span,
                 window_start=f.start,
