@@ -21,6 +21,13 @@ TRL path, with its default settings:
   post hoc `diagnose()` (onset step per finding) and the live schedule of its TRL callback
   (diagnose at steps divisible by 25), with the step its default `HaltPolicy` would stop at.
 
+`--live-toy PRESET` instead trains a toy run (LLDS off) with LLDMonitor and the three peers' TRL
+callbacks attached to the same `GRPOTrainer`; run it with the project's python (torch, trl) and
+`--peers-site /tmp/peers-venv/lib/python3.11/site-packages`:
+
+    PYTHONPATH=. .venv/bin/python scripts/compare_peers.py --live-toy s1-small-32upd-lr3e-3 \\
+        --peers-site /tmp/peers-venv/lib/python3.11/site-packages --out /tmp/peers-live
+
 lld_monitor's `analyze --json` runs on the original input (not the renamed dicts), in a separate
 python given by --lld-python (default: the repository's .venv, else this python).
 
@@ -259,15 +266,110 @@ def print_summary(name: str, res: dict) -> None:
         print(f"    live: first at step {f['step']} [{f['severity']}] {f['signature']}")
 
 
+def live_toy(preset: str, seed: int, steps: int, out: Path, peers_site: str) -> dict:
+    """Train a toy run (LLDS off) with LLDMonitor and the three peers' TRL callbacks attached.
+
+    Needs the project's environment (torch, trl); the peers come from `peers_site`, appended
+    after this environment's own packages so that nothing of ours is shadowed.
+    """
+    sys.path.append(peers_site)
+    from rl_doctor.integrations.trl import RLDoctorCallback
+    from rlprobe.doctor.live import HaltPolicy
+    from rlprobe.integrations.trl import RlprobeCallback
+    from rlwatch.config import RLWatchConfig
+    from rlwatch.core import RLWatch
+
+    from lld_monitor.llds import LLDSConfig
+    from lld_monitor.monitor import LLDMonitor
+    from lld_monitor.toy.train import preset_configs, train_toy
+
+    cfg = preset_configs(steps, seed)[preset]
+    tmp = Path(tempfile.mkdtemp(prefix="peers_live_"))
+    found: dict = {"rldoctor": [], "rlprobe": []}
+    monitor = LLDMonitor(
+        out / "run",
+        llds=LLDSConfig(enabled=False),
+        auto_llds=False,
+        probe_fraction=1.0,
+        token_samples_per_step=0,  # as the sample runs
+    )
+    config = RLWatchConfig()
+    config.framework, config.run_id, config.storage.log_dir = "trl", "live", str(tmp / "rlwatch")
+    watch = RLWatch(config)
+    halt = HaltPolicy()
+
+    def attach(trainer) -> None:
+        monitor.attach(trainer)
+        watch.start()
+        watch.attach_to_trainer(trainer)
+        doctor = RLDoctorCallback()
+        doctor.monitor.on_finding = lambda f: found["rldoctor"].append(
+            {
+                "step": trainer.state.global_step,
+                "detector": f.detector,
+                "severity": f.severity.name,
+                "summary": f.summary,
+            }
+        )
+        trainer.add_callback(doctor)
+
+        def on_probe(f) -> None:
+            found["rlprobe"].append(
+                {
+                    "step": trainer.state.global_step,
+                    "signature": f.signature_id,
+                    "severity": f.severity,
+                    "explanation": f.explanation,
+                    "would_halt": halt.should_halt([f]) is not None,
+                }
+            )
+
+        trainer.add_callback(RlprobeCallback(tmp / "rlprobe", trainer=trainer, on_finding=on_probe))
+
+    error = None
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            train_toy(cfg, attach=attach, progress=False)
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        monitor.close(error)
+    found["rlwatch"] = [
+        {"step": a["step"], "detector": a["detector"], "severity": a["severity"]}
+        for a in watch.store.get_alerts("live")
+    ]
+    watch.stop()
+    found["lld_monitor"] = run_lld(out / "run", sys.executable)
+    return found
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("inputs", nargs="+", type=Path, help="run folders or trainer_state.json files")
+    ap.add_argument("inputs", nargs="*", type=Path, help="run folders or trainer_state.json files")
+    ap.add_argument("--live-toy", metavar="PRESET", help="train this toy preset live instead")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--out", type=Path, default=Path("/tmp/peers-live"))
+    ap.add_argument("--peers-site", help="the scratch venv's site-packages (for --live-toy)")
     default_lld = REPO / ".venv" / "bin" / "python"
     ap.add_argument(
         "--lld-python", default=str(default_lld) if default_lld.exists() else sys.executable
     )
     ap.add_argument("--json", type=Path, help="also write all results to this JSON file")
     args = ap.parse_args()
+    if args.live_toy:
+        if not args.peers_site:
+            ap.error(
+                "--live-toy needs --peers-site (e.g. /tmp/peers-venv/lib/python3.11/site-packages)"
+            )
+        res = live_toy(args.live_toy, args.seed, args.steps, args.out, args.peers_site)
+        print(json.dumps(res, indent=1))
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=1))
+        return
+    if not args.inputs:
+        ap.error("give run folders or trainer_state.json files, or --live-toy PRESET")
     print("transformers:", _ensure_transformers())
     results = {}
     for path in args.inputs:
