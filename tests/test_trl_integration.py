@@ -721,6 +721,23 @@ def test_dropout_warns_at_attach_and_refuses_llds_unless_forced(tmp_path: Any) -
         LLDMonitor(tmp_path / "r3", detector=None).attach(make_grpo_trainer(tmp_path / "t3"))
 
 
+def test_no_in_batch_displacement_under_dropout(tmp_path: Any) -> None:
+    # every response correct (threshold 0), each batch seen twice: measured without dropout ...
+    def run(name: str, dropout: float) -> Any:
+        monitor = LLDMonitor(tmp_path / name, detector=None, correct_threshold=0.0)
+        tr = make_grpo_trainer(tmp_path / f"t{name}", max_steps=2, num_iterations=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            monitor.attach(_with_attention_dropout(tr, dropout) if dropout else tr)
+        tr.train()
+        monitor.close()
+        return load_run(tmp_path / name).steps.set_index(C.STEP)
+
+    assert run("plain", 0.0).loc[2, C.INBATCH_N_CORRECT] == 4
+    # ... not with dropout: the loss's log-probs differ from generation by dropout noise
+    assert C.INBATCH_N_CORRECT not in run("dropout", 0.3)
+
+
 class _EnableThenStop(TrainerCallback):
     """Switches LLDS on at the end of one step; optionally stops training at another."""
 

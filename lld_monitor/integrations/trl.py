@@ -229,6 +229,7 @@ class GRPOAdapter(TrainerAdapter):
         self._gens: dict[int, dict[str, Any]] = {}  # generation id -> start step, micro-batches
         self._n_gen = 0
         self._n_stepped = 0  # optimizer updates that changed the weights (lr > 0, not skipped)
+        self._dropout = False  # active dropout: no in-batch displacement (noise, not updates)
         self._capture: list[Any] | None = None
         self._tool_counts: tuple[int, int] | None = None  # (calls, failures) of this generation
         self._warned: set[str] = set()
@@ -313,6 +314,7 @@ class GRPOAdapter(TrainerAdapter):
     def _check_dropout(self) -> None:
         """Warn when the model has active dropout; refuse LLDS then unless forced."""
         problem = dropout_problem(self.trainer.model)
+        self._dropout = problem is not None  # the loss's log-probs carry dropout noise
         if problem is None:
             return
         monitor = self.monitor
@@ -482,6 +484,8 @@ class GRPOAdapter(TrainerAdapter):
         it after an optimizer update that included it (TRL's buffered micro-batches are the same
         objects on every pass). Its responses then count once each in the ``inbatch_*`` columns,
         updates before the post-update probe can measure them."""
+        if self._dropout:
+            return
         seen = gen.setdefault("seen", {})  # micro-batch -> updates at first sight, or None: done
         if key not in seen:
             seen[key] = self._n_stepped
