@@ -306,3 +306,42 @@ def test_report_strip_does_not_promise_a_click_through():
     df = pd.DataFrame({C.STEP: [1, 2, 3], C.REWARD_MEAN: [0.1, 0.2, 0.3]})
     titles = [a.text for a in build_figure(df, _standin_analysis()).layout.annotations]
     assert titles[0].startswith("Phases and events") and "click" not in titles[0]
+
+
+# --- --fail-on (CI exit code) ---------------------------------------------------------------------
+
+SAMPLE_AUTO = Path(__file__).resolve().parents[1] / "sample_runs" / "auto"
+
+
+@pytest.mark.parametrize(
+    ("run", "rc"),
+    [("s1-small-32upd-lr3e-3-seed0-off", 1), ("default-seed0-off", 0)],
+)
+def test_fail_on_warning_exit_code_through_the_cli(run, rc):
+    """The real command on real toy runs: s1 seed 0 raises a displacement warning (and a
+    collapse), default seed 0 raises nothing; the analysis is printed either way."""
+    cmd = [sys.executable, "-m", "lld_monitor.cli", "analyze", str(SAMPLE_AUTO / run)]
+    proc = subprocess.run(
+        [*cmd, "--fail-on", "warning"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == rc, proc.stderr
+    assert "alerts:" in proc.stdout
+    assert ("[warning] displacement" in proc.stdout) == (rc == 1)
+
+
+def test_fail_on_severity_ranks(capsys):
+    """s1 seed 1 raises only warnings (displacement, dead_signal): --fail-on critical passes,
+    --fail-on warning fails, no --fail-on passes; a bad severity is a usage error (exit 2)."""
+    run = str(SAMPLE_AUTO / "s1-small-32upd-lr3e-3-seed1-off")
+    assert main(["analyze", run, "--json", "--fail-on", "critical"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    severities = {a["severity"] for a in result["alerts"]}
+    assert severities == {"warning"}
+    assert main(["analyze", run, "--json", "--fail-on", "warning"]) == 1
+    assert json.loads(capsys.readouterr().out)["alerts"] == result["alerts"]
+    assert main(["analyze", run, "--json"]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", run, "--fail-on", "info"])
+    assert exc.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err

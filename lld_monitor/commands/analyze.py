@@ -1,4 +1,5 @@
-"""``lld-monitor analyze PATH [--json] [--html OUT]``: post-hoc analysis of any logged run."""
+"""``lld-monitor analyze PATH [--json] [--html OUT] [--fail-on SEVERITY]``: post-hoc analysis of
+any logged run."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ import pandas as pd
 from lld_monitor import columns as C
 from lld_monitor.importers import FORMATS, ImportFormatError, load_table
 
+#: ``--fail-on`` choices; an alert fails the run when its severity ranks at least as high
+FAIL_ON: tuple[str, ...] = ("warning", "critical")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register PATH, --json and --html."""
+    """Register PATH, --json, --html and --fail-on."""
     parser.add_argument(
         "path",
         help="run folder, CSV/Parquet/JSONL table, trainer_state.json, console or notebook log, "
@@ -27,11 +31,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--html", metavar="OUT", help="write a self-contained HTML report (plotly) to OUT"
     )
+    parser.add_argument(
+        "--fail-on",
+        choices=FAIL_ON,
+        default=None,
+        metavar="SEVERITY",
+        help="exit 1 when an alert of at least this severity (warning or critical) is found, "
+        "after printing the analysis as usual (for CI); default: exit 0 whatever is found",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Load, analyse, print. Exit 2: unreadable or unknown file, bad option; 1: cannot analyse
-    or write."""
+    or write, or (``--fail-on``) an alert of at least that severity was found."""
     if args.html is not None and not args.html.strip():
         print("lld-monitor analyze: --html needs a file name (got an empty one)", file=sys.stderr)
         return 2
@@ -66,7 +78,16 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(json_result(df, analysis)))
     else:
         print(summary_text(df, analysis))
+    if args.fail_on is not None and failing_alerts(analysis, args.fail_on):
+        return 1
     return 0
+
+
+def failing_alerts(analysis: Any, fail_on: str) -> list[Any]:
+    """The alerts whose severity ranks at least ``fail_on`` (info < warning < critical)."""
+    rank = {s: i for i, s in enumerate(C.SEVERITIES)}
+    least = rank[fail_on]
+    return [a for a in analysis.alerts if rank.get(a.severity, -1) >= least]
 
 
 def summary_text(df: pd.DataFrame, analysis: Any) -> str:
