@@ -22,6 +22,8 @@ GRAD_NORM_MAX = "grad_norm_max"  # max pre-clip grad norm over the step's optimi
 ENTROPY = "entropy"  # mean per-token entropy of generated tokens
 KL = "kl"  # mean per-token KL to the reference model
 COMPLETION_LENGTH = "completion_length"  # mean number of generated (non-tool) tokens
+# share of completions cut at the length cap (TRL max_completion_length, verl max_response_length)
+FRAC_TRUNCATED = "frac_truncated"
 NUM_SEARCHES = "num_searches"  # mean number of tool calls per completion
 FRAC_ZERO_STD_GROUPS = "frac_zero_std_groups"  # share of prompt groups whose rewards are all equal
 REWARD_FN_PREFIX = "reward_fn/"  # + reward function name: mean raw reward of that function (TRL)
@@ -75,6 +77,7 @@ STANDARD_COLUMNS: tuple[str, ...] = (
     ENTROPY,
     KL,
     COMPLETION_LENGTH,
+    FRAC_TRUNCATED,
     NUM_SEARCHES,
     FRAC_ZERO_STD_GROUPS,
 )

@@ -73,6 +73,8 @@ FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
     # KL to the reference first (verl's kl_loss), then verl's old-vs-current ppo_kl
     C.KL: ("actor/kl_loss", "actor/ppo_kl"),
     C.COMPLETION_LENGTH: ("completions/mean_length", "response_length/mean"),
+    # TRL: share of completions that hit max_completion_length; verl: of max_response_length
+    C.FRAC_TRUNCATED: ("completions/clipped_ratio", "response_length/clip_ratio"),
     C.NUM_SEARCHES: ("tools/call_frequency", "env/number_of_valid_search"),
     C.FRAC_ZERO_STD_GROUPS: ("frac_reward_zero_std",),
     # the paper authors' verl fork (Search-R1 + LLDS): the lambda in force

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -571,3 +572,78 @@ def test_kl_blowup_from_its_settled_level_not_from_zero():
     alerts = [a for a in _replay(blow)[0] if a.kind == "kl_blowup"]
     assert len(alerts) == 1 and 205 <= alerts[0].step <= 230
     assert alerts[0].evidence["kl_settled"] == pytest.approx(0.01)
+
+
+# --- truncation (completions cut at the length cap; not LLD-specific) -------------------------
+
+REAL_RUNS = Path("/work/shared/real_runs")
+
+
+def test_truncation_needs_a_high_share_over_several_rows():
+    # logged every 5 steps (TRL logging_steps=5): 0.1 truncated, then 0.9 from step 100 on.
+    # Fast EMA (tau 5) over a 5-step gap: weight 1 - e^-1 = 0.632; after the jump it reads
+    # 0.1 + 0.8 * 0.632 = 0.606 at step 100 (>= 0.5: row 1), then row 2 at 105, row 3 at 110;
+    # the condition holds from step 100, so the alert comes at step 110 (10 steps, 3 rows)
+    rows = [{C.STEP: s, C.FRAC_TRUNCATED: 0.1 if s < 100 else 0.9} for s in range(5, 200, 5)]
+    alerts = [a for a in _replay(rows)[0] if a.kind == "truncation"]
+    assert [(a.step, a.severity) for a in alerts] == [(110, "warning")]
+    assert "not specific to LLD" in alerts[0].message and "length cap" in alerts[0].message
+    w = ema_weight(5, 5.0)
+    expected = 0.1 + 0.8 * (1 - (1 - w) ** 3)  # three rows of 0.9 after the 0.1 level
+    assert alerts[0].evidence["frac_truncated"] == pytest.approx(expected)
+    assert alerts[0].evidence["rows"] == 3
+    # logged every 10 steps, two rows of 0.9 (steps 100, 110 and 200, 210), else 0.1: the fast
+    # EMA is >= 0.5 for 10 steps each time (0.79, 0.97), but over 2 rows only: no alert
+    blips = [
+        {C.STEP: s, C.FRAC_TRUNCATED: 0.9 if s in (100, 110, 200, 210) else 0.1}
+        for s in range(10, 300, 10)
+    ]
+    assert not [a for a in _replay(blips)[0] if a.kind == "truncation"]
+    loose = PhaseDetector(truncation_min_rows=2)  # the row count is what keeps it silent
+    assert [a.step for a in _replay(blips, loose)[0] if a.kind == "truncation"] == [110, 210]
+    # just under the threshold all along (0.45): no alert
+    low = [{C.STEP: s, C.FRAC_TRUNCATED: 0.45} for s in range(5, 200, 5)]
+    assert not [a for a in _replay(low)[0] if a.kind == "truncation"]
+
+
+def test_truncation_rearms_after_clearing():
+    # high from 30 to 80, low to 140, high again: two alerts (re-armed after 10 clear steps)
+    share = lambda s: 0.95 if 30 <= s < 80 or s >= 140 else 0.05  # noqa: E731
+    rows = [{C.STEP: s, C.FRAC_TRUNCATED: share(s)} for s in range(200)]
+    alerts = [a for a in _replay(rows)[0] if a.kind == "truncation"]
+    assert len(alerts) == 2 and 30 < alerts[0].step <= 45 and 140 < alerts[1].step <= 155
+
+
+@pytest.mark.skipif(not REAL_RUNS.is_dir(), reason="shared/real_runs not present")
+def test_truncation_on_real_trl_logs():
+    from lld_monitor.importers import load_table
+
+    # Rusheel86: 0.5-1.0 of the completions hit max_completion_length (logged every 5 steps)
+    df = load_table(REAL_RUNS / "Rusheel86__Chaos-Economy__trainer_state.json")
+    assert df[C.FRAC_TRUNCATED].min() == 0.5 and df[C.FRAC_TRUNCATED].median() == 0.95
+    (a,) = [a for a in _replay(df)[0] if a.kind == "truncation"]
+    assert a.step == 35 and a.evidence["frac_truncated"] > 0.8
+    # samyakshrestha: at most 0.2 truncated (a length blow-up, named by length_blowup): none
+    df = load_table(
+        REAL_RUNS
+        / "samyakshrestha__grpo-verified-reasoner__outputs-checkpoint-1134-trainer_state.json"
+    )
+    assert 0.15 < df[C.FRAC_TRUNCATED].max() <= 0.2
+    assert not [a for a in _replay(df)[0] if a.kind == "truncation"]
+
+
+def test_state_saved_before_truncation_still_loads():
+    # a state dict of an earlier version has no truncation slots, streaks or flags: it loads,
+    # they start afresh, and the detector goes on (and can still raise the alert)
+    rows = [{C.STEP: s, C.REWARD_MEAN: 0.3, C.FRAC_TRUNCATED: 0.1} for s in range(40)]
+    det = _replay(rows)[2]
+    old = json.loads(json.dumps(det.state_dict()))
+    del old["trunc_rows"], old["ema"]["truncated_fast"], old["ema_last"]["tr"]
+    for key in ("truncation", "truncation_off"):
+        del old["since"][key]
+    del old["fired"]["truncation"]
+    for key in ("truncation_frac", "truncation_min_rows"):
+        del old["params"][key]
+    again = PhaseDetector.from_state_dict(old)
+    later = [{C.STEP: s, C.REWARD_MEAN: 0.3, C.FRAC_TRUNCATED: 0.9} for s in range(40, 70)]
+    assert [a.kind for a in _replay(later, again)[0]] == ["truncation"]

@@ -307,6 +307,11 @@ def test_mapping_names():
     assert canonical_name("actor/ppo_kl") == C.KL
     assert canonical_name("response_length/mean") == C.COMPLETION_LENGTH
     assert canonical_name("completions/mean_length") == C.COMPLETION_LENGTH
+    # TRL's share of completions cut at max_completion_length (trainer_state, W&B, TensorBoard)
+    for name in ("completions/clipped_ratio", "train/completions/clipped_ratio"):
+        assert canonical_name(name) == C.FRAC_TRUNCATED
+    assert canonical_name("response_length/clip_ratio") == C.FRAC_TRUNCATED  # verl
+    assert canonical_name("clip_ratio/low_mean") is None  # PPO ratio clipping: another thing
     assert canonical_name("train/reward") == C.REWARD_MEAN
     assert canonical_name("eval/reward") is None
     # the authors' verl fork: lambda maps; their token-diluted pos/neg log-probs map for their

@@ -50,6 +50,7 @@ INPUT_COLUMNS: tuple[str, ...] = (
     C.LEARNING_RATE,
     C.INBATCH_N_CORRECT,
     C.INBATCH_N_CORRECT_DISPLACED,
+    C.FRAC_TRUNCATED,
 )
 
 
@@ -98,6 +99,8 @@ class DetectorConfig:
     reward_decline_frac: float = 0.3  # sustained reward decline from its peak (not LLD-specific)
     kl_blowup_ratio: float = 100.0  # KL above this multiple of its settled level ...
     kl_floor: float = 0.01  # ... taken as at least this (KL grows from 0 in every run)
+    truncation_frac: float = 0.5  # share of completions cut at the length cap (fast EMA) ...
+    truncation_min_rows: int = 3  # ... over at least this many logged rows in a row
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -366,6 +369,7 @@ def ema_weight(dt: float, tau: float) -> float:
 # EMA slots (values in self._ema) and the signal group whose last step gives their dt
 _RW_F, _FD_F, _FD_S, _DC_S, _G_F, _G_S, _H_F, _H_S, _KL_F, _KL_S, _LEN_F = range(11)
 _RW_D, _G_D, _H_D = range(11, 14)  # mean absolute deviation of the raw value from its fast EMA
+_TR_F = 14  # share of truncated completions (fast EMA)
 _EMA_NAMES = (
     "reward_fast",
     "displaced_fast",
@@ -381,8 +385,16 @@ _EMA_NAMES = (
     "reward_dev",
     "log_grad_dev",
     "entropy_dev",
+    "truncated_fast",
 )
-_FAILURES = ("dead_signal", "entropy_collapse", "length_blowup", "reward_decline", "kl_blowup")
+_FAILURES = (
+    "dead_signal",
+    "entropy_collapse",
+    "length_blowup",
+    "reward_decline",
+    "kl_blowup",
+    "truncation",
+)
 
 
 class PhaseDetector:
@@ -431,7 +443,7 @@ class PhaseDetector:
         self._rw_decline: TrendFit | None = None  # the reward_decline trend, when there is one
         self._rw_declining: bool | None = None  # cached _reward_declining() (None: stale)
         self._ema = [_NAN] * len(_EMA_NAMES)
-        self._last = {k: _NAN for k in ("rw", "fd", "dc", "g", "h", "kl", "len")}
+        self._last = {k: _NAN for k in ("rw", "fd", "dc", "g", "h", "kl", "len", "tr")}
         self._alpha: dict[float, tuple[float, float, float]] = {}  # dt -> weights (a cache)
         self._log_surge = math.log(cfg.grad_surge_ratio)
         self._damp: dict[float, float] = {}  # fast-EMA weight -> its noise factor (a cache)
@@ -444,6 +456,7 @@ class PhaseDetector:
         self._len_early = _NAN
         self._early_n = 0
         self._grad_bad = 0  # consecutive non-finite grad norms
+        self._trunc_rows = 0  # consecutive rows with frac_truncated whose fast EMA is high
         # first step of the current streak of each condition (NaN: not holding)
         self._since: dict[str, float] = {
             k: _NAN
@@ -541,6 +554,7 @@ class PhaseDetector:
             "len_early": _enc(self._len_early),
             "early_n": self._early_n,
             "grad_bad": self._grad_bad,
+            "trunc_rows": self._trunc_rows,
             "since": {k: _enc(v) for k, v in self._since.items()},
             "below_rank": self._below_rank,
             "fired": dict(self._fired),
@@ -582,8 +596,9 @@ class PhaseDetector:
         self._seen = set(state["seen"])
         for k, v in state["ols"].items():
             getattr(self, k).load(v)
-        self._ema = [_dec(state["ema"][k]) for k in _EMA_NAMES]
-        self._last = {k: _dec(v) for k, v in state["ema_last"].items()}
+        # slots, streaks and flags added since a state was saved start afresh (NaN, 0, False)
+        self._ema = [_dec(state["ema"].get(k)) for k in _EMA_NAMES]
+        self._last.update({k: _dec(v) for k, v in state["ema_last"].items()})
         self._rw_peak = _dec(state["rw_peak"])
         self._rw_min = _dec(state["rw_min"])
         self._rw_trough = _dec(state["rw_trough"])
@@ -593,9 +608,10 @@ class PhaseDetector:
         self._len_early = _dec(state["len_early"])
         self._early_n = int(state["early_n"])
         self._grad_bad = int(state["grad_bad"])
-        self._since = {k: _dec(v) for k, v in state["since"].items()}
+        self._trunc_rows = int(state.get("trunc_rows", 0))
+        self._since.update({k: _dec(v) for k, v in state["since"].items()})
         self._below_rank = int(state["below_rank"])
-        self._fired = {k: bool(v) for k, v in state["fired"].items()}
+        self._fired.update({k: bool(v) for k, v in state["fired"].items()})
         self._displaced.load(state["displaced"])
         if "inbatch" in state:  # saved before the in-batch counts existed: start afresh
             self._inbatch.load(state["inbatch"])
@@ -636,7 +652,7 @@ class PhaseDetector:
         if step <= self._last_step:
             return []
         cfg = self.config
-        rw, lp, fd, dc, g, h, kl, ln, loss, zstd, rstd, nc, lr, inc, ink = v
+        rw, lp, fd, dc, g, h, kl, ln, loss, zstd, rstd, nc, lr, inc, ink, tr = v
         seen = self._seen
         if self._first_step != self._first_step:
             self._first_step = step
@@ -784,6 +800,17 @@ class PhaseDetector:
                     ln - E[_LEN_F]
                 )
             L["len"] = step
+        if fin(tr):
+            seen.add(C.FRAC_TRUNCATED)
+            last = L["tr"]
+            if last != last:
+                E[_TR_F] = tr
+            else:
+                E[_TR_F] += (w_row if last == prev else self._weights(step - last))[0] * (
+                    tr - E[_TR_F]
+                )
+            L["tr"] = step
+            self._trunc_rows = self._trunc_rows + 1 if E[_TR_F] >= cfg.truncation_frac else 0
         if fin(nc):
             seen.add(C.N_CORRECT)
         if fin(lr):
@@ -1176,8 +1203,9 @@ class PhaseDetector:
     def _failures(
         self, step: float, istep: int, zstd: float, rstd: float, alerts: list[Alert]
     ) -> None:
-        """Dead signal, entropy collapse and length blow-up; each fires once per episode and
-        re-arms after its condition has been clear for ``failure_persist_steps``."""
+        """Dead signal, entropy collapse, length blow-up, reward decline, KL blow-up and
+        truncation; each fires once per episode and re-arms after its condition has been clear
+        for ``failure_persist_steps``."""
         cfg = self.config
         he, hf = self._h_early, self._ema[_H_F]
         le, lf = self._len_early, self._ema[_LEN_F]
@@ -1188,7 +1216,11 @@ class PhaseDetector:
             le > 0.0 and lf >= cfg.length_blowup_ratio * le,
             self._phase != "collapse" and self._rw_decline is not None,
             self._ema[_KL_F] >= cfg.kl_blowup_ratio * kl_ref,
+            self._ema[_TR_F] >= cfg.truncation_frac,
         )
+        # truncation also needs several logged rows (one or two batches of a sparse log are not
+        # enough, however many steps apart)
+        few = self._trunc_rows < cfg.truncation_min_rows
         since, fired, need = self._since, self._fired, cfg.failure_persist_steps
         for kind, cond in zip(_FAILURES, conds):
             off_key = kind + "_off"
@@ -1198,7 +1230,7 @@ class PhaseDetector:
                 if s != s:
                     since[kind] = s = step
                 held = step - s
-                if held >= need and not fired[kind]:
+                if held >= need and not fired[kind] and not (few and kind == "truncation"):
                     fired[kind] = True
                     alerts.append(self._failure_alert(kind, istep, held, zstd, rstd))
             else:
@@ -1266,6 +1298,19 @@ class PhaseDetector:
                 "reward_t": _enc(t),
                 "window_steps": _enc(span),
             }
+            return Alert(
+                step, kind, "warning", f"{msg} (for {held:.0f} steps); not specific to LLD", ev
+            )
+        elif kind == "truncation":
+            tf = self._ema[_TR_F]
+            msg = (
+                f"{100 * tf:.0f}% of completions cut at the length cap (frac_truncated, recent "
+                f"mean; {self._trunc_rows} logged rows at >= "
+                f"{100 * self.config.truncation_frac:.0f}%): most rewards score unfinished "
+                "answers; raise the completion length cap (TRL max_completion_length) or make "
+                "the task's answers shorter"
+            )
+            ev = {"frac_truncated": _enc(tf), "rows": self._trunc_rows}
             return Alert(
                 step, kind, "warning", f"{msg} (for {held:.0f} steps); not specific to LLD", ev
             )
