@@ -174,6 +174,7 @@ def run_one(spec: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     }
     scores = {}
     lld_alerts: list[dict[str, Any]] = []
+    other_alerts: dict[str, int] = {}
     for name, factory in factories.items():
         alerts = run_detector(factory(), run.steps)
         s = score_run(name, alerts, lab)
@@ -188,6 +189,9 @@ def run_one(spec: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
                 for a in alerts
                 if a.kind in LLD_ALERT_KINDS
             ]
+            for a in alerts:
+                if a.kind not in LLD_ALERT_KINDS:
+                    other_alerts[a.kind] = other_alerts.get(a.kind, 0) + 1
         scores[name] = {
             "early_warning": s.early_warning,
             "early_lead": s.early_lead,
@@ -218,6 +222,7 @@ def run_one(spec: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
         "plain": None if t is None else bool(t <= PLAIN_T),
         "scores": scores,
         "lld_alerts": lld_alerts,  # our detector's LLD alerts (what a false alarm was)
+        "other_alerts": other_alerts,  # our non-LLD alerts (spike, kl_blowup, ...): kind -> count
     }
 
 

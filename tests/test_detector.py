@@ -336,7 +336,9 @@ def test_state_stays_bounded_over_a_long_run():
         if s in (1_999, 19_999):
             state = det.state_dict()
             sizes.append(sum(len(v["buf"]) for v in state["ols"].values()))
-    assert sizes[0] == sizes[1] <= 4 * 41
+            sizes.append(sum(len(v["buf"]) for v in state["spikes"].values()))
+    assert sizes[0] == sizes[2] <= 4 * 41
+    assert sizes[1] == sizes[3] == 25  # the spike window: grad norm only (no KL logged)
 
 
 def test_rolling_ols_matches_batch_fit_at_every_prefix():
@@ -644,6 +646,104 @@ def test_state_saved_before_truncation_still_loads():
     del old["fired"]["truncation"]
     for key in ("truncation_frac", "truncation_min_rows"):
         del old["params"][key]
+    del old["spikes"]
+    for key in [k for k in old["params"] if k.startswith("spike_")]:
+        del old["params"][key]
     again = PhaseDetector.from_state_dict(old)
     later = [{C.STEP: s, C.REWARD_MEAN: 0.3, C.FRAC_TRUNCATED: 0.9} for s in range(40, 70)]
     assert [a.kind for a in _replay(later, again)[0]] == ["truncation"]
+
+
+# --- single-row spikes of KL and grad norm (info; not LLD-specific) ---------------------------
+
+
+def _wave(s: int, level: float, step: float) -> float:
+    """level + step * (-2, -1, 0, 1, 2) by s % 5: any 25 consecutive values hold each offset 5
+    times, so their median is ``level`` and their MAD ``step`` (5 zeros, 10 x step, 10 x 2 step);
+    no prefix has a median above ``level`` (lower values come first in each period)."""
+    return level + step * ((s % 5) - 2)
+
+
+def test_kl_spike_against_median_and_mad_of_the_window():
+    # KL 0.38 +- 0.02: median 0.38, MAD 0.01, so a spike needs > 0.38 + 10 * 1.4826 * 0.01 =
+    # 0.528 and >= 20 x 0.38 = 7.6. Step 60: 197 (alert); 65: 150 (within the 10-value
+    # cooldown: none); 80: 7.5 (x19.7: none); 90: 8.0 (x21: alert)
+    big = {60: 197.0, 65: 150.0, 80: 7.5, 90: 8.0}
+    rows = [{C.STEP: s, C.KL: big.get(s, _wave(s, 0.38, 0.01))} for s in range(120)]
+    alerts = [a for a in _replay(rows)[0] if a.kind == "spike"]
+    assert [(a.step, a.severity) for a in alerts] == [(60, "info"), (90, "info")]
+    ev = alerts[0].evidence
+    assert ev["signal"] == C.KL and ev["value"] == 197.0 and ev["window_rows"] == 25
+    assert ev["median"] == pytest.approx(0.38) and ev["mad"] == pytest.approx(0.01)
+    assert ev["baseline"] == pytest.approx(0.38)
+    assert "x518 its baseline" in alerts[0].message and "not specific to LLD" in alerts[0].message
+    # the MAD gate binds when values spread below 0 (a k1 KL estimate; for a non-negative
+    # signal the MAD is at most about the median and the x20 ratio is the stricter test):
+    # KL 0.4 +- 1.2 (median 0.4, MAD 0.6) needs > 0.4 + 10 * 1.4826 * 0.6 = 9.30; 9.0 (x22.5)
+    # is no spike, 9.5 is
+    noisy = [{C.STEP: s, C.KL: {60: 9.0, 80: 9.5}.get(s, _wave(s, 0.4, 0.6))} for s in range(100)]
+    assert [a.step for a in _replay(noisy)[0] if a.kind == "spike"] == [80]
+    # KL near 0 early in a run: the baseline is at least kl_floor (0.01), so 0.15 after a
+    # median of 1e-4 (x1500) is no spike (< 20 x 0.01), 0.25 is
+    tiny = [{C.STEP: s, C.KL: 0.15 if s == 40 else 0.25 if s == 70 else 1e-4} for s in range(90)]
+    assert [a.step for a in _replay(tiny)[0] if a.kind == "spike"] == [70]
+
+
+def test_grad_norm_spike_needs_50x_and_not_after_the_signal_collapsed():
+    # grad norm 1.0 +- 0.2: 40 (x40) is no spike, 60 (x60) is
+    rows = [
+        {C.STEP: s, C.GRAD_NORM: {50: 40.0, 80: 60.0}.get(s, _wave(s, 1.0, 0.1))}
+        for s in range(100)
+    ]
+    alerts = [a for a in _replay(rows)[0] if a.kind == "spike"]
+    assert [a.step for a in alerts] == [80] and alerts[0].evidence["signal"] == C.GRAD_NORM
+    # the gradient dies (0 in four rows of five from step 40): the window median falls to 0,
+    # but the baseline keeps the highest median seen (1.0), so the ordinary 1.0 rows are no
+    # spikes (rlprobe's false GRAD_PATHOLOGY on our collapsing toy runs); 55 (x55) still is
+    dead = [
+        {
+            C.STEP: s,
+            C.GRAD_NORM: 55.0 if s == 150 else _wave(s, 1.0, 0.1) if s < 40 or s % 5 == 0 else 0.0,
+        }
+        for s in range(200)
+    ]
+    alerts = [a for a in _replay(dead)[0] if a.kind == "spike"]
+    assert [a.step for a in alerts] == [150]
+    assert alerts[0].evidence["median"] == 0.0 and alerts[0].evidence["baseline"] == pytest.approx(
+        1.0
+    )
+
+
+def test_spike_state_round_trip_mid_window():
+    big = {60: 197.0, 90: 8.0}
+    rows = [{C.STEP: s, C.KL: big.get(s, _wave(s, 0.38, 0.01))} for s in range(120)]
+    full = [a.to_dict() for a in _replay(rows)[0]]
+    det = _replay(rows[:63])[2]  # inside the cooldown after the step-60 spike
+    again = PhaseDetector.from_state_dict(json.loads(json.dumps(det.state_dict())))
+    assert again.state_dict() == det.state_dict()
+    before = [a.to_dict() for a in _replay(rows[:63])[0]]
+    assert before + [a.to_dict() for a in _replay(rows[63:], again)[0]] == full
+
+
+@pytest.mark.skipif(not REAL_RUNS.is_dir(), reason="shared/real_runs not present")
+def test_spikes_on_real_and_toy_runs():
+    from lld_monitor.importers import load_table
+
+    # samyakshrestha: KL 197 at step 130, 66.8 at 205 (with grad norm 43.6, x37: below 50x) and
+    # 179 at 1025, against a median KL of 0.37-0.74; rlwatch names 130 and 1025
+    df = load_table(
+        REAL_RUNS
+        / "samyakshrestha__grpo-verified-reasoner__outputs-checkpoint-1134-trainer_state.json"
+    )
+    alerts = [a for a in _replay(df)[0] if a.kind == "spike"]
+    assert [(a.step, a.evidence["signal"], round(a.evidence["value"])) for a in alerts] == [
+        (130, C.KL, 197),
+        (205, C.KL, 67),
+        (1025, C.KL, 179),
+    ]
+    # the healthy and LLDS toy runs: none (default seed 0 has a x26 grad-norm row at step 210)
+    root = Path(__file__).resolve().parents[1] / "sample_runs"
+    runs = sorted(root.glob("real/toy-*")) + sorted(root.glob("auto/default-*"))
+    assert len(runs) == 15
+    for run in runs:
+        assert not [a for a in _replay(load_table(run))[0] if a.kind == "spike"], run.name

@@ -6,12 +6,15 @@ grad-norm surge, entropy rise, reward fall (and most correct responses displaced
 columns only ``collapse`` can be seen (from standard metrics); stagnation and decay cannot, and the
 phase stays ``unknown`` until then. Non-LLD failures raise their own kinds.
 
-All windows are in *steps* (the ``step`` column), never in rows, so sparse logging works. The
+All windows are in *steps* (the ``step`` column), never in rows, so sparse logging works (one
+exception: the ``spike`` baseline is the median of a signal's last logged values, the reference
+of a single value, not a time scale). The
 stagnation and decay trends are tested at every time scale at once (``analysis/trend.py``).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Mapping
@@ -101,6 +104,16 @@ class DetectorConfig:
     kl_floor: float = 0.01  # ... taken as at least this (KL grows from 0 in every run)
     truncation_frac: float = 0.5  # share of completions cut at the length cap (fast EMA) ...
     truncation_min_rows: int = 3  # ... over at least this many logged rows in a row
+    # single-row spikes of KL and grad norm (``spike``, info): a value above the median of the
+    # signal's last spike_window logged values + spike_k * 1.4826 * their MAD, and at least
+    # spike_ratio (KL) / spike_grad_ratio (grad norm) times its baseline: the larger of that
+    # median and the highest such median so far (KL: at least kl_floor)
+    spike_window: int = 25  # rows (a fixed window: O(1) per row)
+    spike_min_rows: int = 10  # least values in the window before a spike can be named
+    spike_k: float = 10.0
+    spike_ratio: float = 20.0
+    spike_grad_ratio: float = 50.0  # pre-clip grad norms jump x26 in a healthy toy run
+    spike_cooldown_rows: int = 10  # values of that signal after a spike alert before the next
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -113,6 +126,8 @@ class DetectorConfig:
             )
         if self.short_steps > self.window_steps:
             raise ValueError("DetectorConfig.short_steps must not exceed window_steps")
+        if self.spike_min_rows > self.spike_window:
+            raise ValueError("DetectorConfig.spike_min_rows must not exceed spike_window")
 
 
 class _RollingOLS:
@@ -200,6 +215,66 @@ class _RollingOLS:
         self.buf = deque((_dec(x), _dec(y)) for x, y in d["buf"])
         self.s = [_dec(v) for v in d["s"]]
         self.n_since = int(d["n_since"])
+
+
+class _Spikes:
+    """Single-row spikes of one signal against the median / MAD of its last ``window`` values.
+
+    The window is kept as a deque and a sorted list (``bisect``): push and median are O(window)
+    with a fixed small window, the MAD (a sort) is computed only for a value already past the
+    ratio test. The baseline of the ratio is the larger of the window median and the highest
+    window median so far (``peak``): in a run whose signal collapsed towards 0 (no gradient in
+    most steps) an ordinary value is not a spike.
+    """
+
+    __slots__ = ("buf", "cool", "cool_rows", "floor", "k_mad", "min_rows", "peak", "ratio", "srt")
+
+    def __init__(self, cfg: DetectorConfig, ratio: float, floor: float) -> None:
+        self.buf: deque[float] = deque(maxlen=cfg.spike_window)
+        self.srt: list[float] = []  # the window, sorted
+        self.peak = _NAN  # highest window median so far
+        self.cool = 0  # values left before the next alert may fire
+        self.min_rows = cfg.spike_min_rows
+        self.k_mad = cfg.spike_k * 1.4826  # MAD -> sd of normal noise
+        self.cool_rows = cfg.spike_cooldown_rows
+        self.ratio = ratio
+        self.floor = floor
+
+    def push(self, x: float, test: bool) -> tuple[float, float, float, int] | None:
+        """Add ``x``; (median, MAD, baseline, values) of the window before it when it is a
+        spike and ``test`` (the detector is warm), else None."""
+        hit = None
+        srt, buf = self.srt, self.buf
+        n = len(srt)
+        if self.cool > 0:
+            self.cool -= 1
+        if n >= self.min_rows:
+            h = n >> 1
+            m = srt[h] if n & 1 else 0.5 * (srt[h - 1] + srt[h])
+            if not m <= self.peak:
+                self.peak = m
+            base = self.peak if self.peak > self.floor else self.floor
+            if test and x >= self.ratio * base and base > 0.0 and self.cool == 0:
+                mads = sorted([abs(v - m) for v in srt])
+                mad = mads[h] if n & 1 else 0.5 * (mads[h - 1] + mads[h])
+                if x > m + self.k_mad * mad:
+                    hit = (m, mad, base, n)
+                    self.cool = self.cool_rows
+        if n == buf.maxlen:
+            del srt[bisect.bisect_left(srt, buf.popleft())]
+        buf.append(x)
+        bisect.insort(srt, x)
+        return hit
+
+    def state(self) -> dict[str, Any]:
+        return {"buf": list(self.buf), "peak": _enc(self.peak), "cool": self.cool}
+
+    def load(self, d: Mapping[str, Any]) -> None:
+        self.buf.clear()
+        self.buf.extend(float(v) for v in d["buf"])
+        self.srt = sorted(self.buf)
+        self.peak = _dec(d["peak"])
+        self.cool = int(d["cool"])
 
 
 class _DisplacedShare:
@@ -457,6 +532,10 @@ class PhaseDetector:
         self._early_n = 0
         self._grad_bad = 0  # consecutive non-finite grad norms
         self._trunc_rows = 0  # consecutive rows with frac_truncated whose fast EMA is high
+        self._spikes = {
+            C.KL: _Spikes(cfg, cfg.spike_ratio, cfg.kl_floor),
+            C.GRAD_NORM: _Spikes(cfg, cfg.spike_grad_ratio, 0.0),
+        }
         # first step of the current streak of each condition (NaN: not holding)
         self._since: dict[str, float] = {
             k: _NAN
@@ -555,6 +634,7 @@ class PhaseDetector:
             "early_n": self._early_n,
             "grad_bad": self._grad_bad,
             "trunc_rows": self._trunc_rows,
+            "spikes": {k: v.state() for k, v in self._spikes.items()},
             "since": {k: _enc(v) for k, v in self._since.items()},
             "below_rank": self._below_rank,
             "fired": dict(self._fired),
@@ -609,6 +689,8 @@ class PhaseDetector:
         self._early_n = int(state["early_n"])
         self._grad_bad = int(state["grad_bad"])
         self._trunc_rows = int(state.get("trunc_rows", 0))
+        for k, v in state.get("spikes", {}).items():  # saved before spikes: start afresh
+            self._spikes[k].load(v)
         self._since.update({k: _dec(v) for k, v in state["since"].items()})
         self._below_rank = int(state["below_rank"])
         self._fired.update({k: bool(v) for k, v in state["fired"].items()})
@@ -840,6 +922,15 @@ class PhaseDetector:
                 alerts.append(self._nonfinite_alert(istep, loss, g, bad_loss, bad_grad))
         elif not bad_grad:
             self._fired["nonfinite"] = False
+        # single-row spikes (every finite value enters the window; named only when warm)
+        if fin(kl):
+            hit = self._spikes[C.KL].push(kl, warm)
+            if hit is not None:
+                alerts.append(self._spike_alert(istep, C.KL, kl, *hit))
+        if fin(g):
+            hit = self._spikes[C.GRAD_NORM].push(g, warm)
+            if hit is not None:
+                alerts.append(self._spike_alert(istep, C.GRAD_NORM, g, *hit))
         if warm:
             ks = E[_KL_S]
             if ks == ks and not ks >= self._kl_ref:
@@ -1241,6 +1332,27 @@ class PhaseDetector:
                         since[off_key] = s = step
                     if step - s >= need:
                         fired[kind] = False
+
+    def _spike_alert(
+        self, step: int, col: str, x: float, median: float, mad: float, base: float, n: int
+    ) -> Alert:
+        name = "KL to the reference" if col == C.KL else "grad norm"
+        msad = f"{(x - median) / (1.4826 * mad):.0f} MADs above it" if mad > 0 else "MAD 0"
+        msg = (
+            f"single-row spike of {name} at step {step}: {_fmt(x)} is x{x / base:.0f} its "
+            f"baseline {_fmt(base)} (median of the last {n} logged values {_fmt(median)}, "
+            f"{msad}); one row, not a trend: look at that batch (an outlier sample, a "
+            "numerical blip); not specific to LLD"
+        )
+        ev = {
+            "signal": col,
+            "value": _enc(x),
+            "median": _enc(median),
+            "mad": _enc(mad),
+            "baseline": _enc(base),
+            "window_rows": n,
+        }
+        return Alert(step, "spike", "info", msg, ev)
 
     def _displacement_alert(self, step: int, test: _DisplacedShare) -> Alert:
         """The paper's ">50% of correct responses displaced" indicator, with its counts."""
