@@ -14,7 +14,6 @@ stagnation and decay trends are tested at every time scale at once (``analysis/t
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import deque
 from collections.abc import Mapping
@@ -220,19 +219,20 @@ class _RollingOLS:
 class _Spikes:
     """Single-row spikes of one signal against the median / MAD of its last ``window`` values.
 
-    The window is kept as a deque and a sorted list (``bisect``): push and median are O(window)
-    with a fixed small window, the MAD (a sort) is computed only for a value already past the
-    ratio test. The baseline of the ratio is the larger of the window median and the highest
-    window median so far (``peak``): in a run whose signal collapsed towards 0 (no gradient in
-    most steps) an ordinary value is not a spike.
+    The baseline of the ratio is the larger of the current window median and the highest window
+    median so far (``peak``): in a run whose signal collapsed towards 0 (no gradient in most
+    steps) an ordinary value is not a spike. ``peak`` is sampled every ``STRIDE`` values (a sort
+    of the small window); a value past the ratio test gets the exact median of its window, then
+    the MAD (another sort). So a row costs a deque append and a few comparisons.
     """
 
-    __slots__ = ("buf", "cool", "cool_rows", "floor", "k_mad", "min_rows", "peak", "ratio", "srt")
+    STRIDE = 5
+    __slots__ = ("buf", "cool", "cool_rows", "floor", "k_mad", "min_rows", "peak", "ratio", "tick")
 
     def __init__(self, cfg: DetectorConfig, ratio: float, floor: float) -> None:
         self.buf: deque[float] = deque(maxlen=cfg.spike_window)
-        self.srt: list[float] = []  # the window, sorted
-        self.peak = _NAN  # highest window median so far
+        self.peak = _NAN  # highest window median so far (sampled every STRIDE values)
+        self.tick = 0  # values since peak was last sampled
         self.cool = 0  # values left before the next alert may fire
         self.min_rows = cfg.spike_min_rows
         self.k_mad = cfg.spike_k * 1.4826  # MAD -> sd of normal noise
@@ -240,41 +240,52 @@ class _Spikes:
         self.ratio = ratio
         self.floor = floor
 
+    def _median_of_window(self) -> tuple[float, list[float]]:
+        srt = sorted(self.buf)
+        n = len(srt)
+        h = n >> 1
+        m = srt[h] if n & 1 else 0.5 * (srt[h - 1] + srt[h])
+        if not m <= self.peak:
+            self.peak = m
+        return m, srt
+
     def push(self, x: float, test: bool) -> tuple[float, float, float, int] | None:
         """Add ``x``; (median, MAD, baseline, values) of the window before it when it is a
         spike and ``test`` (the detector is warm), else None."""
         hit = None
-        srt, buf = self.srt, self.buf
-        n = len(srt)
+        buf = self.buf
+        n = len(buf)
         if self.cool > 0:
             self.cool -= 1
         if n >= self.min_rows:
-            h = n >> 1
-            m = srt[h] if n & 1 else 0.5 * (srt[h - 1] + srt[h])
-            if not m <= self.peak:
-                self.peak = m
-            base = self.peak if self.peak > self.floor else self.floor
-            if test and x >= self.ratio * base and base > 0.0 and self.cool == 0:
-                mads = sorted([abs(v - m) for v in srt])
-                mad = mads[h] if n & 1 else 0.5 * (mads[h - 1] + mads[h])
-                if x > m + self.k_mad * mad:
-                    hit = (m, mad, base, n)
-                    self.cool = self.cool_rows
-        if n == buf.maxlen:
-            del srt[bisect.bisect_left(srt, buf.popleft())]
+            self.tick += 1
+            if self.tick >= self.STRIDE or self.peak != self.peak:
+                self.tick = 0
+                self._median_of_window()
+            peak, floor, ratio = self.peak, self.floor, self.ratio
+            if test and self.cool == 0 and x >= ratio * (peak if peak > floor else floor):
+                m, srt = self._median_of_window()  # exact, for the value at hand
+                base = self.peak if self.peak > floor else floor
+                if x >= ratio * base and base > 0.0:
+                    h = n >> 1
+                    mads = sorted([abs(v - m) for v in srt])
+                    mad = mads[h] if n & 1 else 0.5 * (mads[h - 1] + mads[h])
+                    if x > m + self.k_mad * mad:
+                        hit = (m, mad, base, n)
+                        self.cool = self.cool_rows
         buf.append(x)
-        bisect.insort(srt, x)
         return hit
 
     def state(self) -> dict[str, Any]:
-        return {"buf": list(self.buf), "peak": _enc(self.peak), "cool": self.cool}
+        buf, peak = list(self.buf), _enc(self.peak)
+        return {"buf": buf, "peak": peak, "cool": self.cool, "tick": self.tick}
 
     def load(self, d: Mapping[str, Any]) -> None:
         self.buf.clear()
         self.buf.extend(float(v) for v in d["buf"])
-        self.srt = sorted(self.buf)
         self.peak = _dec(d["peak"])
         self.cool = int(d["cool"])
+        self.tick = int(d.get("tick", 0))
 
 
 class _DisplacedShare:
@@ -543,6 +554,7 @@ class PhaseDetector:
         }
         self._below_rank = 0
         self._fired: dict[str, bool] = {k: False for k in ("nonfinite", *_FAILURES)}
+        self._fail_busy = False  # a failure fired or a streak is open (see _failures)
         self._displaced = _DisplacedShare(
             cfg.displaced_frac,
             cfg.displaced_z,
@@ -694,6 +706,10 @@ class PhaseDetector:
         self._since.update({k: _dec(v) for k, v in state["since"].items()})
         self._below_rank = int(state["below_rank"])
         self._fired.update({k: bool(v) for k, v in state["fired"].items()})
+        since = self._since
+        self._fail_busy = any(self._fired[k] for k in _FAILURES) or any(
+            since[k] == since[k] or since[k + "_off"] == since[k + "_off"] for k in _FAILURES
+        )
         self._displaced.load(state["displaced"])
         if "inbatch" in state:  # saved before the in-batch counts existed: start afresh
             self._inbatch.load(state["inbatch"])
@@ -1313,6 +1329,8 @@ class PhaseDetector:
         # enough, however many steps apart)
         few = self._trunc_rows < cfg.truncation_min_rows
         since, fired, need = self._since, self._fired, cfg.failure_persist_steps
+        if not self._fail_busy and not any(conds):
+            return  # nothing holds, nothing fired, no streak open: the loop below does nothing
         for kind, cond in zip(_FAILURES, conds):
             off_key = kind + "_off"
             if cond:
@@ -1332,6 +1350,9 @@ class PhaseDetector:
                         since[off_key] = s = step
                     if step - s >= need:
                         fired[kind] = False
+        self._fail_busy = any(fired[k] for k in _FAILURES) or any(
+            since[k] == since[k] or since[k + "_off"] == since[k + "_off"] for k in _FAILURES
+        )
 
     def _spike_alert(
         self, step: int, col: str, x: float, median: float, mad: float, base: float, n: int
