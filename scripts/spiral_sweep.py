@@ -80,6 +80,11 @@ def candidates(steps: int, seed: int) -> dict[str, Any]:
         "d5-16upd-lr6e-4": replace(s1, learning_rate=6e-4, num_iterations=2),
         # the s3 preset: replace(s1, learning_rate=8e-4, num_iterations=2)
         "d6-16upd-lr8e-4": p["s3-16upd-lr8e-4"],
+        # third attempt: d6 plus one axis each. G=8 keeps the 16 prompts per rollout batch
+        # (prompts_per_update 2 x steps_per_generation 8) and the 16 updates per rollout batch,
+        # so each rollout batch holds 16 x 8 = 128 responses instead of 80 (mini-batches of 16)
+        "d7-16upd-lr8e-4-G8": replace(p["s3-16upd-lr8e-4"], num_generations=8),
+        "d8-16upd-lr8e-4-kl1e-3": replace(p["s3-16upd-lr8e-4"], beta=1e-3),
         "d4-16upd-lr4e-4-G8": replace(s1, learning_rate=4e-4, num_iterations=2, num_generations=8),
         "g9-32upd-lr1.5e-3": replace(s1, learning_rate=1.5e-3),
     }
@@ -206,7 +211,8 @@ def run_sweep(args: argparse.Namespace) -> None:
                     run_dir,
                     llds="on" if variant == "llds" else "off",
                     progress=False,
-                    token_samples_per_step=0,
+                    token_samples_per_step=0,  # no token samples: the folders stay small
+                    response_samples_per_step=0,
                     meta={"command": cmd, "spiral_config": cname, "variant": variant},
                     setup=setup,
                 )

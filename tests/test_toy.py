@@ -291,6 +291,43 @@ def test_zero_negative_advantage_ablation_clamps_advantages(policy, tmp_path):
     assert trainer.state.global_step == 2
 
 
+def test_kl_to_the_reference_uses_a_frozen_copy_of_the_warm_start(policy, tmp_path):
+    from lld_monitor.toy.train import make_trainer
+
+    cfg = _tiny_run_config(beta=1e-3, steps=2)
+    setup = _setup_from(policy, cfg)
+    start = [p.detach().clone() for p in setup.model.parameters()]
+    trainer = make_trainer(cfg, setup, tmp_path, progress=False)
+    assert trainer.ref_model is not None and trainer.ref_model is not setup.model
+    assert setup.model.config._name_or_path == ""  # the temporary name is not left behind
+    trainer.train()
+    assert trainer.state.global_step == 2
+    ref = list(trainer.ref_model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(start, ref))  # the reference stays put
+    assert any(not torch.equal(a, b.detach()) for a, b in zip(start, setup.model.parameters()))
+    kls = [h["kl"] for h in trainer.state.log_history if "kl" in h]
+    assert kls and all(k >= 0 for k in kls)  # the KL term was computed (and is a KL)
+
+
+def test_monitored_run_without_samples_writes_no_token_files(policy, tmp_path):
+    from lld_monitor.toy.train import monitored_run
+
+    cfg = _tiny_run_config(steps=2)
+    kept = {}
+    for name, n in (("with", 4), ("without", 0)):
+        monitored_run(
+            cfg,
+            tmp_path / name,
+            llds="off",
+            progress=False,
+            token_samples_per_step=n,
+            response_samples_per_step=n,
+            setup=_setup_from(policy, cfg),
+        )
+        kept[name] = sorted(p.name for p in (tmp_path / name).rglob("*.parquet"))
+    assert kept["with"] and kept["without"] == []
+
+
 def test_short_grpo_run_with_monitor_writes_lld_columns(policy, tmp_path):
     monitor_mod = pytest.importorskip("lld_monitor.monitor")
     from lld_monitor.llds import LLDSConfig

@@ -205,7 +205,7 @@ def make_trainer(
 
     rollout = ToolRolloutFunc(setup.tokenizer, setup.retriever, config=cfg.rollout, seed=cfg.seed)
     trainer_cls = no_negative_trainer_class() if cfg.zero_negative_advantages else GRPOTrainer
-    trainer = trainer_cls(
+    kwargs = dict(
         model=setup.model,
         reward_funcs=[make_reward_func(setup.tokenizer)],
         args=grpo_args(cfg, output_dir, progress=progress),
@@ -214,6 +214,10 @@ def make_trainer(
         rollout_func=rollout,
         callbacks=list(callbacks) or None,
     )
+    if cfg.beta > 0:
+        trainer = _with_reference_copy(trainer_cls, setup.model, kwargs)
+    else:
+        trainer = trainer_cls(**kwargs)
     trainer.toy_rollout = rollout  # the latest rollouts, for tests and inspection
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -222,6 +226,24 @@ def make_trainer(
     if progress:
         trainer.add_callback(_progress_callback())
     return trainer
+
+
+def _with_reference_copy(trainer_cls, model, kwargs: dict[str, Any]):
+    """Build the trainer with a KL reference equal to ``model`` as it is now (the warm start).
+
+    With ``beta > 0`` TRL loads the reference from the policy's ``config._name_or_path``; a toy
+    policy is built from a config and has none, so save it to a temporary folder, point the
+    config there while the trainer loads it, and restore the name."""
+    import tempfile
+
+    old_name = getattr(model.config, "_name_or_path", "")
+    with tempfile.TemporaryDirectory(prefix="lld_toy_ref_") as tmp:
+        model.save_pretrained(tmp)
+        model.config._name_or_path = tmp
+        try:
+            return trainer_cls(**kwargs)
+        finally:
+            model.config._name_or_path = old_name
 
 
 def _progress_callback():
@@ -359,6 +381,7 @@ def monitored_run(
     lam: float = 0.2,
     progress: bool = True,
     token_samples_per_step: int = 4,
+    response_samples_per_step: int = 4,
     meta: dict[str, Any] | None = None,
     setup: ToySetup | None = None,
     auto_llds_on: tuple[str, ...] | None = None,
@@ -370,6 +393,8 @@ def monitored_run(
     the monitor's ``AUTO_LLDS_KINDS``). Also writes
     ``toy_summary.json`` (config, start and final accuracy, wall time) into ``run_dir``.
     ``setup`` reuses a warm-started policy (it is trained in place; pass a copy to pair runs).
+    ``token_samples_per_step`` and ``response_samples_per_step`` go to the monitor (both 0: a
+    run log without token samples).
     """
     import json
 
@@ -388,6 +413,7 @@ def monitored_run(
         auto_llds_on=AUTO_LLDS_KINDS if auto_llds_on is None else auto_llds_on,
         probe_fraction=1.0,
         token_samples_per_step=token_samples_per_step,
+        response_samples_per_step=response_samples_per_step,
         meta={"toy_config": cfg.to_dict(), "llds_mode": llds, **(meta or {})},
     )
     error: BaseException | None = None
