@@ -37,6 +37,9 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("vanilla", "no-neg-adv", "llds")
+#: ``auto``: the monitor's automatic LLDS with the shipped defaults (not a column of the tables)
+RUN_VARIANTS = (*VARIANTS, "auto")
+LLDS_MODE = {"llds": "on", "auto": "auto"}  # variant -> monitored_run(llds=...); else "off"
 SMOOTH = 96  # trailing window (optimizer updates) of the smoothed reward
 FALL_FRAC = 0.5  # the reward has fallen when its smoothed value is below this share of its peak
 MIN_PEAK = 0.1  # ... of a running peak of at least this (below it there is nothing to fall from)
@@ -83,7 +86,7 @@ def candidates(steps: int, seed: int) -> dict[str, Any]:
         # third attempt: d6 plus one axis each. G=8 keeps the 16 prompts per rollout batch
         # (prompts_per_update 2 x steps_per_generation 8) and the 16 updates per rollout batch,
         # so each rollout batch holds 16 x 8 = 128 responses instead of 80 (mini-batches of 16)
-        "d7-16upd-lr8e-4-G8": replace(p["s3-16upd-lr8e-4"], num_generations=8),
+        "d7-16upd-lr8e-4-G8": p["s4-16upd-lr8e-4-G8"],  # = replace(s3, num_generations=8)
         "d8-16upd-lr8e-4-kl1e-3": replace(p["s3-16upd-lr8e-4"], beta=1e-3),
         "d4-16upd-lr4e-4-G8": replace(s1, learning_rate=4e-4, num_iterations=2, num_generations=8),
         "g9-32upd-lr1.5e-3": replace(s1, learning_rate=1.5e-3),
@@ -209,7 +212,7 @@ def run_sweep(args: argparse.Namespace) -> None:
                 res = monitored_run(
                     vcfg,
                     run_dir,
-                    llds="on" if variant == "llds" else "off",
+                    llds=LLDS_MODE.get(variant, "off"),
                     progress=False,
                     token_samples_per_step=0,  # no token samples: the folders stay small
                     response_samples_per_step=0,
@@ -364,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="train configurations x seeds x variants")
     r.add_argument("--configs", nargs="+", required=True)
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    r.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    r.add_argument("--variants", nargs="+", choices=RUN_VARIANTS, default=list(VARIANTS))
     r.add_argument("--steps", type=int, default=2000)
     r.add_argument("--out", default=str(ROOT / "sample_runs" / "spiral2"))
     t = sub.add_parser("table", help="the markdown sweep table of a sweep folder")

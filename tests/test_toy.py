@@ -489,3 +489,10 @@ def test_s3_preset_builds_its_config_and_the_demo_offers_it(tmp_path):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert parser.parse_args(["--preset", "s3-16upd-lr8e-4"]).preset == "s3-16upd-lr8e-4"
+    # s4 (the third attempt's d7): s3 with 8 responses per prompt, nothing else changed
+    from dataclasses import replace
+
+    s4 = preset_configs(steps=800, seed=2)["s4-16upd-lr8e-4-G8"]
+    assert s4 == replace(s3, num_generations=8)
+    assert grpo_args(s4, tmp_path, progress=False).per_device_train_batch_size == 16
+    assert parser.parse_args(["--preset", "s4-16upd-lr8e-4-G8"]).preset == "s4-16upd-lr8e-4-G8"

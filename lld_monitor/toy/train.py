@@ -370,6 +370,16 @@ def preset_configs(steps: int = 1000, seed: int = 0) -> dict[str, ToyGRPOConfig]
         "s3-16upd-lr8e-4": replace(
             base, learning_rate=8e-4, steps_per_generation=8, num_iterations=2, beta=0.0
         ),
+        # the third attempt's best (d7): s3 with 8 responses per prompt (rollout batches of
+        # 16 prompts x 8); vanilla GRPO learns for ~2000 updates, then falls in some seeds
+        "s4-16upd-lr8e-4-G8": replace(
+            base,
+            learning_rate=8e-4,
+            steps_per_generation=8,
+            num_iterations=2,
+            beta=0.0,
+            num_generations=8,
+        ),
     }
 
 
