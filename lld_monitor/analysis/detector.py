@@ -348,20 +348,7 @@ class _DisplacedShare:
         self.n = m * self.n + n
         self.s2 = m * m * self.s2 + n
         self.probes.append((step, k, n))
-        pooled = self.k / self.n
-        if self.fired:
-            if pooled < self.frac:
-                self.fired = False
-            return False
-        if (
-            share > self.frac
-            and pooled > self.frac
-            and self.n >= self.min_n
-            and self.stat() >= self.z
-        ):
-            self.fired = True
-            return True
-        return False
+        return self._decide(share > self.frac)
 
     def push_counts(self, step: float, k: float, n: float) -> bool:
         """Add ``k`` displaced of ``n`` correct responses not counted before (the in-batch
@@ -376,11 +363,21 @@ class _DisplacedShare:
         self.s2 = m * m * self.s2 + n
         self.total += n
         self.probes.append((step, k, n))
+        return self._decide(True)
+
+    def _decide(self, latest_above: bool) -> bool:
+        """Re-arm once the pooled share is back below ``frac``; else fire (True) when the
+        latest evidence and the pooled share are above it with enough counts and z."""
         if self.fired:
             if self.k < self.frac * self.n:
                 self.fired = False
             return False
-        if self.k > self.frac * self.n and self.n >= self.min_n and self.stat() >= self.z_crit():
+        if (
+            latest_above
+            and self.k > self.frac * self.n
+            and self.n >= self.min_n
+            and self.stat() >= self.z_crit()
+        ):
             self.fired = True
             return True
         return False
@@ -554,7 +551,6 @@ class PhaseDetector:
         }
         self._below_rank = 0
         self._fired: dict[str, bool] = {k: False for k in ("nonfinite", *_FAILURES)}
-        self._fail_busy = False  # a failure fired or a streak is open (see _failures)
         self._displaced = _DisplacedShare(
             cfg.displaced_frac,
             cfg.displaced_z,
@@ -706,10 +702,6 @@ class PhaseDetector:
         self._since.update({k: _dec(v) for k, v in state["since"].items()})
         self._below_rank = int(state["below_rank"])
         self._fired.update({k: bool(v) for k, v in state["fired"].items()})
-        since = self._since
-        self._fail_busy = any(self._fired[k] for k in _FAILURES) or any(
-            since[k] == since[k] or since[k + "_off"] == since[k + "_off"] for k in _FAILURES
-        )
         self._displaced.load(state["displaced"])
         if "inbatch" in state:  # saved before the in-batch counts existed: start afresh
             self._inbatch.load(state["inbatch"])
@@ -1329,8 +1321,6 @@ class PhaseDetector:
         # enough, however many steps apart)
         few = self._trunc_rows < cfg.truncation_min_rows
         since, fired, need = self._since, self._fired, cfg.failure_persist_steps
-        if not self._fail_busy and not any(conds):
-            return  # nothing holds, nothing fired, no streak open: the loop below does nothing
         for kind, cond in zip(_FAILURES, conds):
             off_key = kind + "_off"
             if cond:
@@ -1350,9 +1340,6 @@ class PhaseDetector:
                         since[off_key] = s = step
                     if step - s >= need:
                         fired[kind] = False
-        self._fail_busy = any(fired[k] for k in _FAILURES) or any(
-            since[k] == since[k] or since[k + "_off"] == since[k + "_off"] for k in _FAILURES
-        )
 
     def _spike_alert(
         self, step: int, col: str, x: float, median: float, mad: float, base: float, n: int
