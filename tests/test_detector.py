@@ -87,9 +87,9 @@ def test_ema_in_step_time():
     det = PhaseDetector()
     det.update({C.STEP: 0, C.ENTROPY: 1.0})
     det.update({C.STEP: 5, C.ENTROPY: 0.0})
-    assert det.state_dict()["ema"]["entropy_fast"] == pytest.approx(math.exp(-1.0))
+    assert det.state_dict()["signals"]["ema"]["entropy_fast"] == pytest.approx(math.exp(-1.0))
     # slow EMA (tau 50): 1 - (1 - exp(-0.1)) = exp(-0.1)
-    assert det.state_dict()["ema"]["entropy_slow"] == pytest.approx(math.exp(-0.1))
+    assert det.state_dict()["signals"]["ema"]["entropy_slow"] == pytest.approx(math.exp(-0.1))
 
 
 # --- phases on labelled runs ----------------------------------------------------------------------
@@ -335,8 +335,9 @@ def test_state_stays_bounded_over_a_long_run():
         det.update({C.STEP: s, C.REWARD_MEAN: 0.5, C.LOGP_CORRECT: -0.3, C.GRAD_NORM: 1.0})
         if s in (1_999, 19_999):
             state = det.state_dict()
-            sizes.append(sum(len(v["buf"]) for v in state["ols"].values()))
-            sizes.append(sum(len(v["buf"]) for v in state["spikes"].values()))
+            sizes.append(sum(len(v["buf"]) for v in state["signals"]["ols"].values()))
+            spikes = [v for k, v in state["checks"].items() if k.startswith("spike:")]
+            sizes.append(sum(len(v["buf"]) for v in spikes))
     assert sizes[0] == sizes[2] <= 4 * 41
     assert sizes[1] == sizes[3] == 25  # the spike window: grad norm only (no KL logged)
 
@@ -531,7 +532,7 @@ def test_in_batch_and_probe_evidence_raise_one_alert():
     assert det2.state_dict() == det.state_dict()
     # a state saved before the in-batch test existed loads, the in-batch counts start afresh
     old = det.state_dict()
-    del old["inbatch"], old["params"]["inbatch_half_life"]
+    del old["checks"]["displacement"]["inbatch"], old["params"]["inbatch_half_life"]
     det3 = PhaseDetector.from_state_dict(old)
     assert det3._inbatch.n == 0.0 and det3._displaced.n == det._displaced.n
 
@@ -640,13 +641,12 @@ def test_state_saved_before_truncation_still_loads():
     rows = [{C.STEP: s, C.REWARD_MEAN: 0.3, C.FRAC_TRUNCATED: 0.1} for s in range(40)]
     det = _replay(rows)[2]
     old = json.loads(json.dumps(det.state_dict()))
-    del old["trunc_rows"], old["ema"]["truncated_fast"], old["ema_last"]["tr"]
-    for key in ("truncation", "truncation_off"):
-        del old["since"][key]
-    del old["fired"]["truncation"]
+    sig = old["signals"]
+    del sig["trunc_rows"], sig["ema"]["truncated_fast"], sig["ema_last"]["tr"]
+    del old["checks"]["truncation"]  # a check without a saved state starts afresh
     for key in ("truncation_frac", "truncation_min_rows"):
         del old["params"][key]
-    del old["spikes"]
+    del old["checks"]["spike:kl"], old["checks"]["spike:grad_norm"]
     for key in [k for k in old["params"] if k.startswith("spike_")]:
         del old["params"][key]
     again = PhaseDetector.from_state_dict(old)

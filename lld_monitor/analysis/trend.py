@@ -310,6 +310,13 @@ class MultiScaleTrend:
             "noise": [j(v) for v in (self._last_diff, self._d1, self._dd, self._d2)]
             + [self._n_obs],
             "closed": [[[j(v) for v in b] for b in c] for c in self._closed],
+            # the fits cached until their level's next bin closes: a fit also reads the noise
+            # estimate of when it was made, so a resumed run must reuse it to give the same t
+            "cache": {
+                str(lv): None if f is None else [j(v) if isinstance(v, float) else v for v in f]
+                for lv, f in self._cache.items()
+            },
+            "short": {str(lv): t for lv, t in self._short.items()},
         }
 
     def load(self, d: Mapping[str, Any]) -> None:
@@ -323,3 +330,11 @@ class MultiScaleTrend:
         *noise, n_obs = d["noise"]
         self._last_diff, self._d1, self._dd, self._d2 = (f(v) for v in noise)
         self._n_obs = int(n_obs)
+        # (states saved before the caches were kept refit when asked)
+        for lv, fit in d.get("cache", {}).items():
+            self._cache[int(lv)] = (
+                None
+                if fit is None
+                else TrendFit(*(int(v) if i in (0, 11) else f(v) for i, v in enumerate(fit)))
+            )
+        self._short.update({int(lv): float(t) for lv, t in d.get("short", {}).items()})

@@ -1,0 +1,66 @@
+"""The detector's checks: one small incremental class per kind (``base.Check`` is the contract).
+
+``default_checks(config)`` gives the detector's list in its order (the order of the alerts within
+a row); ``CHECK_CLASSES`` lists every check class (the contract tests run over all of them).
+"""
+
+from __future__ import annotations
+
+from lld_monitor.analysis.checks.base import NO_ALERTS, Check
+from lld_monitor.analysis.checks.collapse import SharpDropCollapse
+from lld_monitor.analysis.checks.displacement import Displacement
+from lld_monitor.analysis.checks.failures import (
+    DeadSignal,
+    EntropyCollapse,
+    KlBlowup,
+    LengthBlowup,
+    PersistentCheck,
+    RewardDecline,
+    Truncation,
+)
+from lld_monitor.analysis.checks.nonfinite import Nonfinite
+from lld_monitor.analysis.checks.spike import GradSpike, KlSpike
+from lld_monitor.analysis.checks.trends import TrendLevels
+from lld_monitor.analysis.config import DetectorConfig
+
+#: Every check class, in the default detector's order.
+CHECK_CLASSES: tuple[type[Check], ...] = (
+    Displacement,
+    Nonfinite,
+    KlSpike,
+    GradSpike,
+    DeadSignal,
+    EntropyCollapse,
+    LengthBlowup,
+    RewardDecline,
+    KlBlowup,
+    Truncation,
+    TrendLevels,
+    SharpDropCollapse,
+)
+
+
+def default_checks(config: DetectorConfig) -> list[Check]:
+    """A fresh instance of every check, in the default order."""
+    return [cls(config) for cls in CHECK_CLASSES]
+
+
+__all__ = [
+    "CHECK_CLASSES",
+    "NO_ALERTS",
+    "Check",
+    "DeadSignal",
+    "Displacement",
+    "EntropyCollapse",
+    "GradSpike",
+    "KlBlowup",
+    "KlSpike",
+    "LengthBlowup",
+    "Nonfinite",
+    "PersistentCheck",
+    "RewardDecline",
+    "SharpDropCollapse",
+    "TrendLevels",
+    "Truncation",
+    "default_checks",
+]

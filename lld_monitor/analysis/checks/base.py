@@ -1,0 +1,68 @@
+"""The contract of a check: one small incremental object per kind of alert (river's drift style).
+
+A check reads the row's features from ``Signals`` (computed once per row, before any check) and
+keeps its own running state:
+
+- ``kind`` (class attribute): the alert kind it raises; ``key`` (default ``kind``): the name of
+  its state in the detector's state (unique within one detector).
+- ``__init__(config)`` stores the ``DetectorConfig``; ``reset()`` rebuilds the fresh state.
+- ``update(s) -> list[Alert]``: called once per accepted row, in the detector's order (which is
+  the order of the alerts within a row). It returns a LIST, usually the shared empty
+  ``NO_ALERTS`` (never mutate a returned list); each alert carries its reason in numbers.
+- ``rank``: a check that feeds the phase machine sets it on every row to the phase rank it
+  supports now (1 stagnation, 2 decay: confirmed by the check itself; 3 collapse: the machine
+  asks ``collapse_persist_steps`` of it); 0 otherwise (the class default). ``recover_after``: the
+  steps a phase it raised outlasts its support (the machine takes at least ``recover_steps``).
+- ``state_dict()`` is plain JSON (no NaN: ``analysis.trend.json_float``), ``load_state_dict(d)``
+  restores it; ``load_state_dict(state_dict())`` then ``update`` behaves as the original would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from lld_monitor.analysis.config import DetectorConfig
+from lld_monitor.events import Alert
+
+if TYPE_CHECKING:
+    from lld_monitor.analysis.signals import Signals
+
+#: The empty result of ``Check.update``, shared: never mutate it.
+NO_ALERTS: list[Alert] = []
+
+
+class Check:
+    """Base of every check; subclasses override ``reset``, ``update`` and the state methods."""
+
+    __slots__ = ("config",)
+    kind: ClassVar[str] = ""
+    rank: int = 0
+    recover_after: float = 0.0
+
+    def __init__(self, config: DetectorConfig) -> None:
+        self.config = config
+        self.reset()
+
+    @property
+    def key(self) -> str:
+        """The name of this check's state in the detector's state."""
+        return self.kind
+
+    def reset(self) -> None:
+        """Forget every row seen; keep the config."""
+
+    def update(self, s: Signals) -> list[Alert]:
+        """Read the row's features; the alerts this row raises (usually ``NO_ALERTS``)."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """The running state as plain JSON."""
+        return {}
+
+    def load_state_dict(self, d: Mapping[str, Any]) -> None:
+        """Restore a ``state_dict()``."""
+        self.reset()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(key={self.key!r})"

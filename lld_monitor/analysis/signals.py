@@ -1,0 +1,648 @@
+"""``Signals``: the per-row features every check reads, computed once per row.
+
+``Signals.update(step, values, marks)`` takes one row (values ordered as ``INPUT_COLUMNS``) and
+refreshes the raw values (attributes named like the columns), the EMAs in step time, the rolling
+and multi-scale fits of ``logp_correct`` and the reward, the reward's peak and trough, the early
+levels of entropy and length and the warm-up flag. The checks (``analysis/checks``) only read it.
+
+All windows are in *steps* (the ``step`` column), never in rows, so sparse logging works.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from lld_monitor import columns as C
+from lld_monitor.analysis.config import DetectorConfig
+from lld_monitor.analysis.trend import (
+    MultiScaleTrend,
+    TrendFit,
+    from_json_float,
+    json_float,
+    t_critical,
+)
+
+_NAN = float("nan")
+_NONE_CLOSED: list[int] = []  # shared, never mutated: no trend level closed this row
+_enc = json_float
+_dec = from_json_float
+
+#: Columns the detector reads, in the order of its value tuple (``Signals.update``).
+INPUT_COLUMNS: tuple[str, ...] = (
+    C.REWARD_MEAN,
+    C.LOGP_CORRECT,
+    C.FRAC_CORRECT_DISPLACED,
+    C.DELTA_CORRECT,
+    C.GRAD_NORM,
+    C.ENTROPY,
+    C.KL,
+    C.COMPLETION_LENGTH,
+    C.LOSS,
+    C.FRAC_ZERO_STD_GROUPS,
+    C.REWARD_STD,
+    C.N_CORRECT,
+    C.LEARNING_RATE,
+    C.INBATCH_N_CORRECT,
+    C.INBATCH_N_CORRECT_DISPLACED,
+    C.FRAC_TRUNCATED,
+)
+
+#: EMA attributes of ``Signals`` (steps as time): fast (``fast_tau``), slow (``slow_tau``),
+#: window (``window_steps / 2``); ``*_dev``: mean absolute deviation of the raw value from its
+#: fast EMA (slow weight). Grad norm EMAs are of log(grad_norm).
+EMA_NAMES: tuple[str, ...] = (
+    "reward_fast",
+    "displaced_fast",
+    "displaced_window",
+    "delta_correct_window",
+    "log_grad_fast",
+    "log_grad_slow",
+    "entropy_fast",
+    "entropy_slow",
+    "kl_fast",
+    "kl_slow",
+    "length_fast",
+    "reward_dev",
+    "log_grad_dev",
+    "entropy_dev",
+    "truncated_fast",
+)
+# signal group -> attribute holding the step of its last value (the dt of its EMAs)
+_LAST_NAMES: dict[str, str] = {
+    "rw": "_t_rw",
+    "fd": "_t_fd",
+    "dc": "_t_dc",
+    "g": "_t_g",
+    "h": "_t_h",
+    "kl": "_t_kl",
+    "len": "_t_len",
+    "tr": "_t_tr",
+}
+# TrendFit fields that are ints (the rest are floats)
+_FIT_INTS = frozenset((0, 11))
+
+
+def as_float(v: Any) -> float:
+    """A row value as a float; NaN when missing or not a number."""
+    if v is None:
+        return _NAN
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return _NAN
+
+
+_f = as_float
+
+
+def ema_weight(dt: float, tau: float) -> float:
+    """Weight of a new value in an EMA with time constant ``tau`` steps, ``dt`` steps later."""
+    return 1.0 - math.exp(-dt / tau)
+
+
+def fit_state(f: TrendFit | None) -> list[Any] | None:
+    """A ``TrendFit`` as plain JSON (None stays None)."""
+    return None if f is None else [_enc(v) if isinstance(v, float) else v for v in f]
+
+
+def fit_from_state(d: list[Any] | None) -> TrendFit | None:
+    """Inverse of ``fit_state``."""
+    if d is None:
+        return None
+    return TrendFit(*(int(v) if i in _FIT_INTS else _dec(v) for i, v in enumerate(d)))
+
+
+class _RollingOLS:
+    """Least-squares line through the (step, value) pairs of a trailing window of steps.
+
+    Running sums make push and fit O(1); the sums are rebuilt from the window every
+    ``len(window)`` pushes (amortized O(1)) so rounding cannot accumulate over long runs.
+    """
+
+    __slots__ = ("buf", "min_rows", "n_since", "s", "steps")
+
+    def __init__(self, steps: float, min_rows: int) -> None:
+        self.steps = steps
+        self.min_rows = min_rows
+        self.buf: deque[tuple[float, float]] = deque()
+        self.s = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # anchor, n, sx, sy, sxx, sxy, syy
+        self.n_since = 0
+
+    def push(self, x: float, y: float) -> None:
+        buf, s = self.buf, self.s
+        buf.append((x, y))
+        dx = x - s[0]
+        s[1] += 1.0
+        s[2] += dx
+        s[3] += y
+        s[4] += dx * dx
+        s[5] += dx * y
+        s[6] += y * y
+        lim = x - self.steps
+        keep = self.min_rows
+        while buf[0][0] <= lim and len(buf) > keep:
+            ox, oy = buf.popleft()
+            dx = ox - s[0]
+            s[1] -= 1.0
+            s[2] -= dx
+            s[3] -= oy
+            s[4] -= dx * dx
+            s[5] -= dx * oy
+            s[6] -= oy * oy
+        self.n_since += 1
+        if self.n_since >= 16 and self.n_since >= len(buf):
+            self._recompute()
+
+    def _recompute(self) -> None:
+        a = self.buf[0][0]
+        n = sx = sy = sxx = sxy = syy = 0.0
+        for x, y in self.buf:
+            dx = x - a
+            n += 1.0
+            sx += dx
+            sy += y
+            sxx += dx * dx
+            sxy += dx * y
+            syy += y * y
+        self.s = [a, n, sx, sy, sxx, sxy, syy]
+        self.n_since = 0
+
+    def fit(self) -> tuple[float, float, float, float, float]:
+        """(slope per step, its t, span in steps, fitted first value, fitted last value)."""
+        buf = self.buf
+        n = len(buf)
+        if n < 3:
+            return _NAN, _NAN, 0.0, _NAN, _NAN
+        a, _, sx, sy, sxx, sxy, syy = self.s
+        mx, my = sx / n, sy / n
+        vxx = sxx - sx * mx
+        if vxx <= 0.0:
+            return _NAN, _NAN, 0.0, _NAN, _NAN
+        cxy = sxy - sx * my
+        slope = cxy / vxx
+        rss = max(syy - sy * my - slope * cxy, 0.0)
+        se = math.sqrt(rss / (n - 2) / vxx)
+        t = slope / se if se > 0.0 else (math.copysign(math.inf, slope) if slope else 0.0)
+        x0, x1 = buf[0][0] - a, buf[-1][0] - a
+        return slope, t, x1 - x0, my + slope * (x0 - mx), my + slope * (x1 - mx)
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "buf": [[_enc(x), _enc(y)] for x, y in self.buf],
+            "s": [_enc(v) for v in self.s],
+            "n_since": self.n_since,
+        }
+
+    def load(self, d: Mapping[str, Any]) -> None:
+        self.buf = deque((_dec(x), _dec(y)) for x, y in d["buf"])
+        self.s = [_dec(v) for v in d["s"]]
+        self.n_since = int(d["n_since"])
+
+
+class Signals:
+    """The features of the rows seen so far, refreshed once per row by ``update``.
+
+    Read by every check after ``update``: ``step``, ``prev_step``, ``first_step``, ``n_rows``
+    (rows accepted so far, this one included), ``warm``; the row's raw values under the column
+    names (``reward_mean``, ``logp_correct``, ... NaN when missing); ``bad_loss`` / ``bad_grad``
+    (a non-finite loss / grad norm this row); the EMAs (``EMA_NAMES``); ``reward_peak`` (highest
+    fast reward EMA), ``reward_min``, ``reward_trough`` (lowest before the peak); ``kl_ref``
+    (lowest slow KL EMA once warm); ``entropy_early`` / ``length_early`` (means over the warm-up
+    rows); ``trunc_rows``; ``lp_short`` (``_RollingOLS`` of logp_correct over ``short_steps``),
+    ``lp_trend`` / ``rw_trend`` (``MultiScaleTrend`` of logp_correct / the reward) and
+    ``lp_closed`` / ``rw_closed`` (their levels that closed a bin this row); ``rw_decline``;
+    ``seen`` (columns seen finite); ``phase`` (the detector's phase before this row's decision).
+    """
+
+    __slots__ = (
+        "_alpha",
+        "_damp",
+        "_t_dc",
+        "_t_fd",
+        "_t_g",
+        "_t_h",
+        "_t_kl",
+        "_t_len",
+        "_t_rw",
+        "_t_tr",
+        "bad_grad",
+        "bad_loss",
+        "config",
+        "early_n",
+        "first_step",
+        "kl_ref",
+        "length_early",
+        "lp_closed",
+        "lp_short",
+        "lp_trend",
+        "n_rows",
+        "phase",
+        "prev_step",
+        "reward_min",
+        "reward_peak",
+        "reward_trough",
+        "rw_closed",
+        "rw_decline",
+        "rw_declining",
+        "rw_trend",
+        "seen",
+        "step",
+        "trunc_rows",
+        "w_fast",
+        "warm",
+        "entropy_early",
+        *EMA_NAMES,
+        *INPUT_COLUMNS,
+    )
+
+    def __init__(self, config: DetectorConfig) -> None:
+        self.config = config
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every row; keep the config."""
+        cfg = self.config
+        self.step = _NAN
+        self.prev_step = _NAN
+        self.first_step = _NAN
+        self.n_rows = 0
+        self.warm = False
+        self.phase = "unknown"
+        self.seen: set[str] = set()
+        for name in INPUT_COLUMNS:
+            setattr(self, name, _NAN)
+        self.bad_loss = False
+        self.bad_grad = False
+        for name in EMA_NAMES:
+            setattr(self, name, _NAN)
+        for name in _LAST_NAMES.values():
+            setattr(self, name, _NAN)
+        self.lp_short = _RollingOLS(cfg.short_steps, cfg.min_short_rows)
+        self.lp_trend = MultiScaleTrend(
+            cfg.trend_base_steps, cfg.trend_bins, cfg.trend_levels, cfg.trend_alpha
+        )
+        self.rw_trend = MultiScaleTrend(
+            cfg.trend_base_steps, cfg.trend_bins, cfg.trend_levels, cfg.trend_alpha
+        )
+        self.lp_closed = _NONE_CLOSED
+        self.rw_closed = _NONE_CLOSED
+        self.rw_decline: TrendFit | None = None  # the reward_decline trend, when there is one
+        self.rw_declining: bool | None = None  # cached reward_declining() (None: stale)
+        self._alpha: dict[float, tuple[float, float, float]] = {}  # dt -> weights (a cache)
+        self._damp: dict[float, float] = {}  # fast-EMA weight -> its noise factor (a cache)
+        self.reward_peak = _NAN
+        self.reward_min = _NAN  # lowest fast reward EMA so far
+        self.reward_trough = _NAN  # lowest fast reward EMA before the peak
+        self.w_fast = _NAN  # fast-EMA weight of the last row's gap (noise of the fast EMAs)
+        self.kl_ref = _NAN  # lowest slow KL EMA after the warm-up (the settled level)
+        self.entropy_early = _NAN  # entropy level over the warm-up rows
+        self.length_early = _NAN
+        self.early_n = 0
+        self.trunc_rows = 0  # consecutive rows with frac_truncated whose fast EMA is high
+
+    def weights(self, dt: float) -> tuple[float, float, float]:
+        """EMA weights (fast, slow, half-window) for a gap of ``dt`` steps; cached by dt."""
+        w = self._alpha.get(dt)
+        if w is None:
+            cfg = self.config
+            if len(self._alpha) > 256:
+                self._alpha.clear()
+            w = (
+                ema_weight(dt, cfg.fast_tau),
+                ema_weight(dt, cfg.slow_tau),
+                ema_weight(dt, cfg.window_steps / 2),
+            )
+            self._alpha[dt] = w
+        return w
+
+    def update(self, step: float, v: tuple[float, ...], marks: list[str] | None = None) -> bool:
+        """Take one row (``v`` ordered as ``INPUT_COLUMNS``); False (nothing changed) when its
+        step is not after the last one. ``marks``: the columns the row says were non-finite
+        when logged (``C.NONFINITE``; None: the row does not say, and a NaN counts when the
+        column was finite before and the row has other values)."""
+        if step <= self.step:
+            return False
+        cfg = self.config
+        (
+            self.reward_mean,
+            self.logp_correct,
+            self.frac_correct_displaced,
+            self.delta_correct,
+            self.grad_norm,
+            self.entropy,
+            self.kl,
+            self.completion_length,
+            self.loss,
+            self.frac_zero_std_groups,
+            self.reward_std,
+            self.n_correct,
+            self.learning_rate,
+            self.inbatch_n_correct,
+            self.inbatch_n_correct_displaced,
+            self.frac_truncated,
+        ) = v
+        rw, lp, fd, dc, g, h, kl, ln, loss, zstd, rstd, nc, lr, inc, ink, tr = v
+        seen = self.seen
+        if self.first_step != self.first_step:
+            self.first_step = step
+        self.prev_step = prev = self.step
+        self.step = step
+        self.n_rows += 1
+        fin = math.isfinite
+        w_row = self.weights(step - prev) if prev == prev else (0.0, 0.0, 0.0)
+        if prev == prev:
+            self.w_fast = w_row[0]  # sets the noise of the fast EMAs (see ratios)
+
+        # non-finite loss / grad norm: NaN counts only when the column was seen finite and the
+        # row carries other training values (else it is a missing value, e.g. an eval row)
+        if fin(loss):
+            seen.add(C.LOSS)
+            self.bad_loss = False
+        elif marks is not None:  # the row names its non-finite values: a blank is missing
+            self.bad_loss = loss == loss or C.LOSS in marks
+        else:
+            self.bad_loss = loss == loss or (
+                C.LOSS in seen and (fin(rw) or fin(h) or fin(kl) or fin(ln))
+            )
+        if fin(g):
+            self.bad_grad = False
+        elif marks is not None:
+            self.bad_grad = g == g or C.GRAD_NORM in marks
+        else:
+            self.bad_grad = g == g or (
+                C.GRAD_NORM in seen and (fin(rw) or fin(h) or fin(kl) or fin(ln))
+            )
+
+        self.rw_closed = self.lp_closed = _NONE_CLOSED
+        if fin(rw):
+            seen.add(C.REWARD_MEAN)
+            self.rw_closed = closed = self.rw_trend.push(step, rw)  # ascending levels
+            if closed:
+                self.rw_declining = None  # stale: re-tested when next asked
+            if closed and closed[-1] >= 2:
+                self.rw_decline = self.reward_decline()  # re-tested as its bins close
+            last = self._t_rw
+            if last != last:
+                self.reward_fast = rw
+                self.reward_dev = 0.0
+            else:
+                w = w_row if last == prev else self.weights(step - last)
+                self.reward_dev += w[1] * (abs(rw - self.reward_fast) - self.reward_dev)
+                self.reward_fast += w[0] * (rw - self.reward_fast)
+            self._t_rw = step
+            ef = self.reward_fast
+            if not ef >= self.reward_min:
+                self.reward_min = ef
+            if not ef <= self.reward_peak:
+                self.reward_peak = ef
+                self.reward_trough = self.reward_min
+        if fin(lp):
+            seen.add(C.LOGP_CORRECT)
+            if lp != self.lp_trend._last_value:  # a rollout batch's repeat is not new data
+                self.lp_short.push(step, lp)
+            self.lp_closed = self.lp_trend.push(step, lp)
+        if fin(fd):
+            seen.add(C.FRAC_CORRECT_DISPLACED)
+            last = self._t_fd
+            if last != last:
+                self.displaced_fast = self.displaced_window = fd
+            else:
+                w = w_row if last == prev else self.weights(step - last)
+                self.displaced_fast += w[0] * (fd - self.displaced_fast)
+                self.displaced_window += w[2] * (fd - self.displaced_window)
+            self._t_fd = step
+        if fin(inc) and fin(ink):
+            seen.update((C.INBATCH_N_CORRECT, C.INBATCH_N_CORRECT_DISPLACED))
+        if fin(dc):
+            seen.add(C.DELTA_CORRECT)
+            last = self._t_dc
+            if last != last:
+                self.delta_correct_window = dc
+            else:
+                self.delta_correct_window += (w_row if last == prev else self.weights(step - last))[
+                    2
+                ] * (dc - self.delta_correct_window)
+            self._t_dc = step
+        if fin(g):
+            seen.add(C.GRAD_NORM)  # 0 is a logged value (no gradient), not a missing one
+            if g > 0.0:  # the EMAs are geometric: log(0) is left out
+                lg = math.log(g)
+                last = self._t_g
+                if last != last:
+                    self.log_grad_fast = self.log_grad_slow = lg
+                    self.log_grad_dev = 0.0
+                else:
+                    w = w_row if last == prev else self.weights(step - last)
+                    self.log_grad_dev += w[1] * (abs(lg - self.log_grad_fast) - self.log_grad_dev)
+                    self.log_grad_fast += w[0] * (lg - self.log_grad_fast)
+                    self.log_grad_slow += w[1] * (lg - self.log_grad_slow)
+                self._t_g = step
+        if fin(h):
+            seen.add(C.ENTROPY)
+            last = self._t_h
+            if last != last:
+                self.entropy_fast = self.entropy_slow = h
+                self.entropy_dev = 0.0
+            else:
+                w = w_row if last == prev else self.weights(step - last)
+                self.entropy_dev += w[1] * (abs(h - self.entropy_fast) - self.entropy_dev)
+                self.entropy_fast += w[0] * (h - self.entropy_fast)
+                self.entropy_slow += w[1] * (h - self.entropy_slow)
+            self._t_h = step
+        if fin(kl) and kl >= 0.0:
+            seen.add(C.KL)
+            last = self._t_kl
+            if last != last:
+                self.kl_fast = self.kl_slow = kl
+            else:
+                w = w_row if last == prev else self.weights(step - last)
+                self.kl_fast += w[0] * (kl - self.kl_fast)
+                self.kl_slow += w[1] * (kl - self.kl_slow)
+            self._t_kl = step
+        if fin(ln):
+            seen.add(C.COMPLETION_LENGTH)
+            last = self._t_len
+            if last != last:
+                self.length_fast = ln
+            else:
+                self.length_fast += (w_row if last == prev else self.weights(step - last))[0] * (
+                    ln - self.length_fast
+                )
+            self._t_len = step
+        if fin(tr):
+            seen.add(C.FRAC_TRUNCATED)
+            last = self._t_tr
+            if last != last:
+                self.truncated_fast = tr
+            else:
+                self.truncated_fast += (w_row if last == prev else self.weights(step - last))[0] * (
+                    tr - self.truncated_fast
+                )
+            self._t_tr = step
+            self.trunc_rows = (
+                self.trunc_rows + 1 if self.truncated_fast >= cfg.truncation_frac else 0
+            )
+        if fin(nc):
+            seen.add(C.N_CORRECT)
+        if fin(lr):
+            seen.add(C.LEARNING_RATE)
+        if fin(zstd):
+            seen.add(C.FRAC_ZERO_STD_GROUPS)
+        if fin(rstd):
+            seen.add(C.REWARD_STD)
+
+        self.warm = warm = (
+            step - self.first_step >= cfg.warmup_steps and self.n_rows >= cfg.warmup_rows
+        )
+        if not warm:
+            # early levels (entropy collapse, length blow-up): mean over the warm-up rows
+            k = self.early_n
+            if fin(h):
+                he = self.entropy_early
+                self.entropy_early = h if he != he else he + (h - he) / (k + 1)
+            if fin(ln):
+                le = self.length_early
+                self.length_early = ln if le != le else le + (ln - le) / (k + 1)
+            self.early_n = k + 1
+        else:
+            ks = self.kl_slow
+            if ks == ks and not ks >= self.kl_ref:
+                self.kl_ref = ks
+        return True
+
+    # --- derived on demand --------------------------------------------------------------------
+    def ratios(self) -> tuple[float, float, float, float]:
+        """(grad fast/slow, entropy fast/slow, KL fast/slow, reward fall from its peak as a
+        share of max(|peak|, peak - trough)); a ratio whose move is within ``noise_k`` times
+        the noise of its fast EMA is reported as 1 (fall 0): noisy logs must not fire."""
+        k = self.config.noise_k
+        a = self.w_fast
+        # sd of a fast EMA of white noise = sd * sqrt(a / (2 - a)); sd ~ 1.25 * mean abs dev
+        damp = self._damp.get(a)
+        if damp is None:
+            damp = 1.25 * math.sqrt(a / (2.0 - a)) if a == a and 0.0 < a < 2.0 else 1.25
+            if len(self._damp) > 256:
+                self._damp.clear()
+            self._damp[a] = damp
+        gs, hs, ks = self.log_grad_slow, self.entropy_slow, self.kl_slow
+        g_ratio = _NAN
+        if gs == gs:
+            up = self.log_grad_fast - gs
+            g_ratio = math.exp(up) if up > k * damp * self.log_grad_dev else min(1.0, math.exp(up))
+        h_ratio = _NAN
+        if hs == hs and hs > 0.0:
+            hf = self.entropy_fast
+            up = hf - hs
+            h_ratio = hf / hs if up > k * damp * self.entropy_dev else min(1.0, hf / hs)
+        kl_ratio = self.kl_fast / ks if ks == ks and ks > 1e-6 else _NAN
+        peak, trough = self.reward_peak, self.reward_trough
+        fall = _NAN
+        if peak == peak:
+            scale = max(abs(peak), peak - trough if trough == trough else 0.0)
+            drop = peak - self.reward_fast
+            # the peak of a noisy EMA is itself an extreme: over n independent stretches of
+            # fast_tau steps it sits about sqrt(2 ln n) noise sd above the level
+            if scale > 0.0:
+                gate = k * damp * self.reward_dev
+                if drop > gate:  # (the extreme is only needed past the plain gate)
+                    n_ind = (self.step - self.first_step) / self.config.fast_tau
+                    extreme = math.sqrt(2.0 * math.log(n_ind)) if n_ind > 1.0 else 0.0
+                    gate += extreme * damp * self.reward_dev
+                fall = drop / scale if drop > gate else 0.0
+        return g_ratio, h_ratio, kl_ratio, fall
+
+    def t_crit(self, f: TrendFit) -> float:
+        """Critical t of a level's test, stricter the more windows of that level the run has
+        already had: a long run gives a short window many chances to look like a trend
+        (level ``trend_alpha`` * (window / elapsed steps) ** ``trend_alpha_decay``)."""
+        elapsed = self.step - self.first_step
+        w = self.lp_trend.window_steps(f.level)
+        a = self.config.trend_alpha * min(1.0, w / elapsed) ** self.config.trend_alpha_decay
+        return t_critical(int(f.df * 10), max(1, round(a * 1e6)))
+
+    def reward_decline(self) -> TrendFit | None:
+        """The finest reward trend with a window of 120 steps or more that falls significantly
+        (the trend test of the phases) by at least ``reward_decline_frac`` of its fitted start:
+        a slow decline with no explosion, which a warning names (not LLD-specific)."""
+        cfg = self.config
+        for level in range(2, cfg.trend_levels):
+            r = self.rw_trend.fit(level, need_t=2.0)
+            if r is None or r.change >= 0.0:
+                continue
+            if -r.change < cfg.reward_decline_frac * max(abs(r.first), abs(r.last)):
+                continue
+            if r.t <= -self.t_crit(r):
+                return r
+        return None
+
+    def reward_declining(self) -> bool:
+        """A significant downward reward trend at some scale (a low, noisy reward that merely
+        sits below an early noisy peak is not a fall); re-tested only after a reward bin has
+        closed since the last test (the collapse rule asks on every row of a collapse)."""
+        if self.rw_declining is None:
+            self.rw_declining = False
+            for level in range(self.config.trend_levels):
+                r = self.rw_trend.fit(level, need_t=2.0)
+                if r is not None and r.t <= -self.t_crit(r):
+                    self.rw_declining = True
+                    break
+        return self.rw_declining
+
+    # --- plain-JSON state ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The running state as plain JSON (no NaN)."""
+        return {
+            "n_rows": self.n_rows,
+            "first_step": _enc(self.first_step),
+            "last_step": _enc(self.step),
+            "seen": sorted(self.seen),
+            "ols": {"_lp_short": self.lp_short.state()},
+            "ema": {k: _enc(getattr(self, k)) for k in EMA_NAMES},
+            "ema_last": {k: _enc(getattr(self, a)) for k, a in _LAST_NAMES.items()},
+            "rw_peak": _enc(self.reward_peak),
+            "rw_min": _enc(self.reward_min),
+            "rw_trough": _enc(self.reward_trough),
+            "w_fast": _enc(self.w_fast),
+            "h_early": _enc(self.entropy_early),
+            "kl_ref": _enc(self.kl_ref),
+            "len_early": _enc(self.length_early),
+            "early_n": self.early_n,
+            "trunc_rows": self.trunc_rows,
+            "lp_ms": self.lp_trend.state(),
+            "rw_ms": self.rw_trend.state(),
+            "rw_declining": self.rw_declining,
+            "rw_decline": fit_state(self.rw_decline),
+        }
+
+    def load_state_dict(self, d: Mapping[str, Any]) -> None:
+        """Restore a ``state_dict()``; slots added since it was saved start afresh. A state
+        without ``rw_decline`` (version 1) re-tests it now, as version 1 did on loading."""
+        self.reset()
+        self.n_rows = int(d["n_rows"])
+        self.first_step = _dec(d["first_step"])
+        self.step = _dec(d["last_step"])
+        self.seen = set(d["seen"])
+        self.lp_short.load(d["ols"]["_lp_short"])
+        for k in EMA_NAMES:
+            setattr(self, k, _dec(d["ema"].get(k)))
+        for k, v in d["ema_last"].items():
+            setattr(self, _LAST_NAMES[k], _dec(v))
+        self.reward_peak = _dec(d["rw_peak"])
+        self.reward_min = _dec(d["rw_min"])
+        self.reward_trough = _dec(d["rw_trough"])
+        self.w_fast = _dec(d["w_fast"])
+        self.entropy_early = _dec(d["h_early"])
+        self.kl_ref = _dec(d["kl_ref"])
+        self.length_early = _dec(d["len_early"])
+        self.early_n = int(d["early_n"])
+        self.trunc_rows = int(d.get("trunc_rows", 0))
+        self.lp_trend.load(d["lp_ms"])
+        self.rw_trend.load(d["rw_ms"])
+        self.rw_declining = d["rw_declining"]
+        if "rw_decline" in d:
+            self.rw_decline = fit_from_state(d["rw_decline"])
+        else:
+            self.rw_decline = self.reward_decline()
