@@ -152,6 +152,7 @@ class PhaseDetector:
         self.signals = Signals(cfg)
         self.checks: list[Check] = default_checks(cfg)
         self.machine = PhaseMachine(cfg)
+        self._updates: list[Any] = []
         self._trend: TrendLevels | None = None
         self._find_trend()
 
@@ -165,6 +166,8 @@ class PhaseDetector:
         self._find_trend()
 
     def _find_trend(self) -> None:
+        """Refresh what the row loop caches about ``checks``: bound updates, the trend check."""
+        self._updates = [c.update for c in self.checks]
         self._trend = next((c for c in self.checks if isinstance(c, TrendLevels)), None)
 
     @property
@@ -298,8 +301,10 @@ class PhaseDetector:
         s.phase = machine.phase
         alerts: list[Alert] = []
         checks = self.checks
-        for c in checks:
-            out = c.update(s)
+        if len(checks) != len(self._updates):  # (a check appended to the list directly)
+            self._find_trend()
+        for update in self._updates:
+            out = update(s)
             if out:
                 alerts.extend(out)
         trend = self._trend

@@ -41,25 +41,26 @@ class PersistentCheck(Check):
     def update(self, s: Signals) -> list[Alert]:
         if not s.warm:
             return NO_ALERTS
-        step = s.step
-        need = self.config.failure_persist_steps
         if self.holds(s):
+            step = s.step
             self.since_off = _NAN
             t0 = self.since
             if t0 != t0:
                 self.since = t0 = step
             held = step - t0
-            if held >= need and not self.fired and self.may_fire(s):
+            if held >= self.config.failure_persist_steps and not self.fired and self.may_fire(s):
                 self.fired = True
                 return [self.alert(s, held)]
+        elif self.fired:  # re-arm once the condition has been clear long enough
+            self.since = _NAN
+            step = s.step
+            t0 = self.since_off
+            if t0 != t0:
+                self.since_off = t0 = step
+            if step - t0 >= self.config.failure_persist_steps:
+                self.fired = False
         else:
             self.since = _NAN
-            if self.fired:  # re-arm once the condition has been clear long enough
-                t0 = self.since_off
-                if t0 != t0:
-                    self.since_off = t0 = step
-                if step - t0 >= need:
-                    self.fired = False
         return NO_ALERTS
 
     def state_dict(self) -> dict[str, Any]:

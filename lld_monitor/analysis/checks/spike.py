@@ -117,8 +117,9 @@ class _SpikeCheck(Check):
         if not math.isfinite(x):
             return NO_ALERTS
         hit = self.spikes.push(x, s.warm)
-        if hit is None:
-            return NO_ALERTS
+        return NO_ALERTS if hit is None else self._alert(s, x, hit)
+
+    def _alert(self, s: Signals, x: float, hit: tuple[float, float, float, int]) -> list[Alert]:
         return [messages.spike_alert(int(s.step), self.signal, x, *hit)]
 
     def state_dict(self) -> dict[str, Any]:
@@ -135,6 +136,13 @@ class KlSpike(_SpikeCheck):
     __slots__ = ()
     signal = C.KL
 
+    def update(self, s: Signals) -> list[Alert]:  # (the base's, without the getattr)
+        x = s.kl
+        if not math.isfinite(x):
+            return NO_ALERTS
+        hit = self.spikes.push(x, s.warm)
+        return NO_ALERTS if hit is None else self._alert(s, x, hit)
+
     def _spikes(self) -> _Spikes:
         cfg = self.config
         return _Spikes(cfg, cfg.spike_ratio, cfg.kl_floor)
@@ -145,6 +153,13 @@ class GradSpike(_SpikeCheck):
 
     __slots__ = ()
     signal = C.GRAD_NORM
+
+    def update(self, s: Signals) -> list[Alert]:  # (the base's, without the getattr)
+        x = s.grad_norm
+        if not math.isfinite(x):
+            return NO_ALERTS
+        hit = self.spikes.push(x, s.warm)
+        return NO_ALERTS if hit is None else self._alert(s, x, hit)
 
     def _spikes(self) -> _Spikes:
         cfg = self.config
