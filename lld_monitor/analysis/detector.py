@@ -143,17 +143,20 @@ class PhaseDetector:
         self.config = cfg
         for name, value in asdict(cfg).items():
             setattr(self, name, value)
-        self.reset()
-
-    # --- public API -------------------------------------------------------------------------
-    def reset(self) -> None:
-        """Forget every row seen; keep the hyperparameters (and a fresh set of the checks)."""
-        cfg = self.config
         self.signals = Signals(cfg)
         self.checks: list[Check] = default_checks(cfg)
         self.machine = PhaseMachine(cfg)
         self._updates: list[Any] = []
         self._trend: TrendLevels | None = None
+        self._find_trend()
+
+    # --- public API -------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget every row seen; keep the hyperparameters and the checks (added ones too)."""
+        self.signals.reset()
+        for c in self.checks:
+            c.reset()
+        self.machine.reset()
         self._find_trend()
 
     def add_check(self, check: Check) -> None:

@@ -1,0 +1,143 @@
+"""Contract tests run over EVERY check class (``CHECK_CLASSES``), as river runs its estimator
+checks: JSON save/load at every prefix changes nothing, no alert before the minimum evidence,
+``reset()`` gives the fresh state."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+
+import pytest
+
+from lld_monitor import columns as C
+from lld_monitor.analysis.checks import CHECK_CLASSES, Check
+from lld_monitor.analysis.config import DetectorConfig
+from lld_monitor.analysis.offline import prepare_steps
+from lld_monitor.analysis.signals import INPUT_COLUMNS, Signals
+from lld_monitor.testing import make_run
+
+CFG = DetectorConfig()
+# checks that wait for the warm-up (Signals.warm) before any alert or rank; the others have
+# their own minimum evidence (tested below)
+NOT_WARM_GATED = {"nonfinite", "displacement"}
+
+
+def _values(rows_df) -> list[tuple[float, tuple[float, ...]]]:
+    df = prepare_steps(rows_df)
+    n = len(df)
+    cols = [
+        df[c].astype(float).tolist() if c in df.columns else [math.nan] * n for c in INPUT_COLUMNS
+    ]
+    return list(zip(df[C.STEP].astype(float).tolist(), zip(*cols)))
+
+
+def _runs() -> Iterator[list[tuple[float, tuple[float, ...]]]]:
+    # a spiral with every LLD column, a standard-metric collapse logged every 5 steps, and the
+    # non-LLD failures: between them every check fires at least once
+    yield _values(make_run("collapse", n_steps=300, seed=3).steps)
+    yield _values(make_run("collapse", n_steps=400, seed=4, standard_only=True, log_every=5).steps)
+    for kind in ("nonfinite", "dead_signal", "entropy_collapse", "length_blowup"):
+        yield _values(make_run(kind, n_steps=250, seed=5).steps)
+    yield _hostile_rows(120)
+
+
+def _hostile_rows(n: int) -> list[tuple[float, tuple[float, ...]]]:
+    """Rows on which every failure condition holds early: no groups with reward variance,
+    spikes of KL and grad norm, all completions truncated, entropy down and length up at step
+    20, KL x5000 from step 30 and x100 spikes of it from step 43."""
+    out = []
+    for s in range(n):
+        row = {
+            C.REWARD_MEAN: 0.9 - 0.02 * s,
+            C.GRAD_NORM: 1e4 if s % 11 == 10 else 1.0,
+            C.ENTROPY: 3.0 if s < 20 else 0.01,
+            C.KL: 500.0 if s > 40 and s % 11 == 10 else (0.001 if s < 30 else 5.0),
+            C.COMPLETION_LENGTH: 10.0 if s < 20 else 5000.0,
+            C.LOSS: 1.0,
+            C.FRAC_ZERO_STD_GROUPS: 1.0,
+            C.REWARD_STD: 0.0,
+            C.FRAC_TRUNCATED: 1.0,
+            C.LOGP_CORRECT: -0.3 - 0.05 * s,
+        }
+        out.append((float(s), tuple(row.get(c, math.nan) for c in INPUT_COLUMNS)))
+    return out
+
+
+RUNS = list(_runs())
+
+
+def _out(check: Check, s: Signals) -> tuple[list[dict], int]:
+    return [a.to_dict() for a in check.update(s)], check.rank
+
+
+@pytest.mark.parametrize("cls", CHECK_CLASSES, ids=lambda c: c.__name__)
+def test_state_round_trip_at_every_prefix(cls: type[Check]) -> None:
+    # one check fed straight through; a second saved to JSON and rebuilt after every row
+    fired = 0
+    for run in RUNS:
+        sa, sb = Signals(CFG), Signals(CFG)
+        a = cls(CFG)
+        b = cls(CFG)
+        for step, values in run:
+            sa.update(step, values)
+            sb.update(step, values)
+            sa.phase = sb.phase = "healthy"
+            out_a, out_b = _out(a, sa), _out(b, sb)
+            assert out_a == out_b, (cls.__name__, step)
+            fired += len(out_a[0]) + (out_a[1] > 0)
+            state = json.loads(json.dumps(b.state_dict(), allow_nan=False))  # plain JSON
+            b = cls(CFG)
+            b.load_state_dict(state)
+            assert b.state_dict() == state
+    assert fired > 0, f"{cls.__name__} never fired on the contract runs: the test proves nothing"
+
+
+@pytest.mark.parametrize("cls", CHECK_CLASSES, ids=lambda c: c.__name__)
+def test_reset_returns_to_the_fresh_state(cls: type[Check]) -> None:
+    fresh = cls(CFG).state_dict()
+    moved = False  # the state left the fresh one at some row (else reset proves nothing)
+    for run in RUNS:
+        check = cls(CFG)
+        s = Signals(CFG)
+        for i, (step, values) in enumerate(run):
+            s.update(step, values)
+            s.phase = "healthy"
+            check.update(s)
+            if i % 7 == 0:
+                moved |= check.state_dict() != fresh
+        check.reset()
+        assert check.state_dict() == fresh
+        assert check.rank == 0
+    assert moved or not fresh, f"{cls.__name__}'s state never moved on the contract runs"
+
+
+@pytest.mark.parametrize(
+    "cls", [c for c in CHECK_CLASSES if c.kind not in NOT_WARM_GATED], ids=lambda c: c.__name__
+)
+def test_no_alert_nor_rank_before_the_warm_up(cls: type[Check]) -> None:
+    # a short warm-up in steps (so the conditions can hold 10 steps within it) and in rows
+    cfg = DetectorConfig(warmup_steps=60, warmup_rows=60)
+    s, check = Signals(cfg), cls(cfg)
+    for step, values in _hostile_rows(59):
+        s.update(step, values)
+        assert not s.warm
+        assert check.update(s) == [] and check.rank == 0, (cls.__name__, step)
+
+
+def test_the_hostile_rows_do_fire_once_warm() -> None:
+    # the control of the test above: with the usual warm-up, the gated failure checks fire
+    s = Signals(CFG)
+    checks = [c(CFG) for c in CHECK_CLASSES if c.kind not in NOT_WARM_GATED]
+    kinds = set()
+    for step, values in _hostile_rows(59):
+        s.update(step, values)
+        s.phase = "healthy"
+        for c in checks:
+            kinds.update(a.kind for a in c.update(s))
+    assert {"spike", "dead_signal", "truncation", "entropy_collapse", "length_blowup"} <= kinds
+
+
+def test_every_check_has_a_unique_key_and_a_kind() -> None:
+    keys = [c(CFG).key for c in CHECK_CLASSES]
+    assert len(set(keys)) == len(keys) and all(c.kind for c in CHECK_CLASSES)
