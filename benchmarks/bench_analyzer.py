@@ -71,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = df.to_dict("records")
     history, timed = rows[: len(rows) - 1000], rows[len(rows) - 1000 :]
     det = PhaseDetector()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for r in history:
         det.update(r)
-    feed = time.perf_counter() - t0
+    feed, feed_cpu = time.perf_counter() - t0, time.process_time() - c0
     per_row = []
     for r in timed:
         t1 = time.perf_counter_ns()
@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"online update: median {med:.1f} us/row, p99 {p99:.1f} us, after "
         f"{len(history)} rows of history (fed in {feed:.2f} s, "
-        f"{feed / max(len(history), 1) * 1e6:.1f} us/row); target <= {ONLINE_TARGET_US:g} us "
+        f"{feed / max(len(history), 1) * 1e6:.1f} us/row, CPU "
+        f"{feed_cpu / max(len(history), 1) * 1e6:.1f} us/row); target <= {ONLINE_TARGET_US:g} us "
         f"{'PASS' if ok_on else 'FAIL'}"
     )
     ok = ok_off and ok_on
