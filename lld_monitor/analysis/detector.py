@@ -148,6 +148,7 @@ class PhaseDetector:
         self.machine = PhaseMachine(cfg)
         self._updates: list[Any] = []
         self._trend: TrendLevels | None = None
+        self._immediate: list[Any] = []
         self._find_trend()
 
     # --- public API -------------------------------------------------------------------------
@@ -172,6 +173,7 @@ class PhaseDetector:
         """Refresh what the row loop caches about ``checks``: bound updates, the trend check."""
         self._updates = [c.update for c in self.checks]
         self._trend = next((c for c in self.checks if isinstance(c, TrendLevels)), None)
+        self._immediate = [c for c in self.checks if getattr(c, "immediate", False)]
 
     @property
     def phase(self) -> str:
@@ -311,5 +313,5 @@ class PhaseDetector:
             if out:
                 alerts.extend(out)
         trend = self._trend
-        machine.update(s, checks, trend.level if trend is not None else -1, alerts)
+        machine.update(s, checks, trend.level if trend is not None else -1, alerts, self._immediate)
         return alerts

@@ -290,3 +290,19 @@ def phase_left_alert(step: int, old: str, new: str, held: float) -> Alert:
         f"have not held for {held:.0f} steps",
         {"phase_from": old, "phase_to": new},
     )
+
+
+def level_shift_phase_alert(
+    step: int, old: str, shift: Alert, s: Signals, trend_level: int, lld: Alert | None
+) -> Alert:
+    """The collapse alert of a level shift of the reward (``checks/level_shift.py``), entered
+    from ``old``. With the LLD columns it is said with the likelihood evidence first: ``lld``
+    is the phase alert the LLD evidence makes (built by the caller), the level shift follows."""
+    evidence = dict(shift.evidence)
+    evidence["phase_from"] = old
+    evidence["phase_to"] = "collapse"
+    if lld is None:
+        return Alert(step, "collapse", "critical", shift.message, evidence)
+    tail = shift.message.split(": ", 1)[-1]  # (without its "Phase III ... at step N: ")
+    merged = {**lld.evidence, **evidence}
+    return Alert(step, "collapse", "critical", f"{lld.message}; {tail}", merged)

@@ -51,11 +51,22 @@ class PhaseMachine:
         self.recover = float(self.config.recover_steps)  # steps without support before leaving
 
     def update(
-        self, s: Signals, checks: Sequence[Check], trend_level: int, alerts: list[Alert]
+        self,
+        s: Signals,
+        checks: Sequence[Check],
+        trend_level: int,
+        alerts: list[Alert],
+        immediate: Sequence[Any] = (),
     ) -> None:
         """Decide this row's phase from the checks' ranks; append the phase alerts to
         ``alerts``. ``trend_level``: the trend level behind a stagnation / decay rank (its
-        numbers go into the evidence; -1 none)."""
+        numbers go into the evidence; -1 none). ``immediate``: checks whose ``pending`` alert
+        escalates to collapse on its own row (their persistence is their own)."""
+        shift = None
+        for c in immediate:
+            if c.pending is not None:
+                shift = c.pending
+                break
         tr = rank = 0
         for c in checks:
             r = c.rank
@@ -96,13 +107,31 @@ class PhaseMachine:
         if target > cur:
             new = BY_RANK[target]
             ev = messages.phase_evidence(s, trend_level)
-            alerts.append(messages.phase_alert(istep, self.phase, new, ev))
+            alert = messages.phase_alert(istep, self.phase, new, ev)
+            if shift is not None and new == "collapse":  # both on one row: one alert
+                alert = messages.level_shift_phase_alert(
+                    istep, self.phase, shift, s, trend_level, alert
+                )
+            alerts.append(alert)
             self.phase = new
             self.since_below = _NAN
             # a phase is left after its check's recovery span without support (a trend phase:
             # three windows of the scale that saw it)
             span = max((c.recover_after for c in checks if c.rank == target), default=0.0)
             self.recover = max(float(self.config.recover_steps), span)
+        elif shift is not None and cur < 3:
+            lld = None
+            if C.LOGP_CORRECT in s.seen:
+                lld = messages.phase_alert(
+                    istep, self.phase, "collapse", messages.phase_evidence(s, trend_level)
+                )
+            alerts.append(
+                messages.level_shift_phase_alert(istep, self.phase, shift, s, trend_level, lld)
+            )
+            self.phase = "collapse"
+            self.since_below = _NAN
+            self.recover = float(self.config.recover_steps)
+            target = 3
         elif max(rank, tr) < cur and not (cur == 3 and self._reward_still_fallen(s)):
             rank = max(rank, tr)
             t0 = self.since_below

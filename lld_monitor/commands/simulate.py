@@ -8,15 +8,16 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register OUT and the generator's options."""
-    from lld_monitor.testing import KINDS
+    from lld_monitor.testing import KINDS, STANDARD_KINDS
 
     parser.add_argument("out", help="folder to write the run folders into")
     parser.add_argument("--n", type=int, default=20, help="number of runs (default 20)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the suite (default 0)")
     parser.add_argument(
         "--kind",
-        choices=KINDS,
-        help="write N runs of this kind only (default: a mixed suite, 40%% collapsing)",
+        choices=KINDS + STANDARD_KINDS,
+        help="write N runs of this kind only (default: a mixed suite, 40%% collapsing); "
+        f"with --standard one of {', '.join(STANDARD_KINDS)}",
     )
     parser.add_argument(
         "--with-failures",
@@ -66,6 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="per-row noise matched to measured runs (with --kind)",
     )
     parser.add_argument(
+        "--standard",
+        action="store_true",
+        help="standard-metric-only runs of the collapses seen in foreign logs (level drops with "
+        "and without corroboration, dead after the drop, mode collapse, slow spirals, early "
+        "deaths) and their hard negatives, a third of them short logs of 30-60 rows every 5-10 "
+        "steps (N runs of each kind; with --kind: of that kind only)",
+    )
+    parser.add_argument(
         "--batch-size",
         type=int,
         default=None,
@@ -80,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         COLLAPSE_KINDS,
         FAILURE_KINDS,
         HEALTHY_KINDS,
+        KINDS,
         make_run,
         make_suite,
         make_wide_suite,
@@ -90,8 +100,22 @@ def run(args: argparse.Namespace) -> int:
     if args.n < 1:
         print("lld-monitor simulate: --n must be >= 1", file=sys.stderr)
         return 2
+    from lld_monitor.testing import STANDARD_KINDS, make_standard_suite
+
+    if args.standard and args.kind and args.kind not in STANDARD_KINDS:
+        print(
+            f"lld-monitor simulate: --standard takes --kind from {', '.join(STANDARD_KINDS)}",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.standard and args.kind in STANDARD_KINDS and args.kind not in KINDS:
+        print(f"lld-monitor simulate: kind {args.kind!r} needs --standard", file=sys.stderr)
+        return 2
     try:
-        if args.kind:
+        if args.standard:
+            kinds = (args.kind,) if args.kind else STANDARD_KINDS
+            runs = make_standard_suite(args.n, args.seed, kinds=kinds)
+        elif args.kind:
             import numpy as np
 
             rng = np.random.default_rng([args.seed, 0xC11])
@@ -145,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"lld-monitor simulate: cannot write under {out}: {exc}", file=sys.stderr)
             return 2
         lab = r.labels
-        collapse = lab["collapse_step"] if lab["collapse_step"] is not None else "-"
+        collapse = lab["collapse_step"] if lab.get("collapse_step") is not None else "-"
         print(
             f"{out / r.name}  kind={lab['kind']}  steps={lab['n_steps']}  "
             f"collapse_step={collapse}"

@@ -15,12 +15,14 @@ from lld_monitor.analysis.checks import CHECK_CLASSES, Check
 from lld_monitor.analysis.config import DetectorConfig
 from lld_monitor.analysis.offline import prepare_steps
 from lld_monitor.analysis.signals import INPUT_COLUMNS, Signals
-from lld_monitor.testing import make_run
+from lld_monitor.testing import make_run, make_standard_run
 
 CFG = DetectorConfig()
 # checks that wait for the warm-up (Signals.warm) before any alert or rank; the others have
 # their own minimum evidence (tested below)
-NOT_WARM_GATED = {"nonfinite", "displacement"}
+# their minimum evidence is their own, tested in their files: a non-finite value and the paper's
+# counts need no warm-up; the standard-metric checks count logged rows (tests/test_level_shift.py)
+NOT_WARM_GATED = {"nonfinite", "displacement", "level_shift", "mode_collapse"}
 
 
 def _values(rows_df) -> list[tuple[float, tuple[float, ...]]]:
@@ -40,6 +42,9 @@ def _runs() -> Iterator[list[tuple[float, tuple[float, ...]]]]:
     for kind in ("nonfinite", "dead_signal", "entropy_collapse", "length_blowup"):
         yield _values(make_run(kind, n_steps=250, seed=5).steps)
     yield _hostile_rows(120)
+    # standard-metric collapses in a short console log: mode collapse and a level shift
+    yield _values(make_standard_run("mode_collapse", 3, short=True).steps)
+    yield _values(make_standard_run("drop_dead", 4, short=True).steps)
 
 
 def _hostile_rows(n: int) -> list[tuple[float, tuple[float, ...]]]:

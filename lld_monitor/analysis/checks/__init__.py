@@ -18,6 +18,7 @@ from lld_monitor.analysis.checks.failures import (
     RewardDecline,
     Truncation,
 )
+from lld_monitor.analysis.checks.level_shift import LevelShiftCollapse, ModeCollapse
 from lld_monitor.analysis.checks.nonfinite import Nonfinite
 from lld_monitor.analysis.checks.spike import GradSpike, KlSpike
 from lld_monitor.analysis.checks.trends import TrendLevels
@@ -37,6 +38,8 @@ CHECK_CLASSES: tuple[type[Check], ...] = (
     Truncation,
     TrendLevels,
     SharpDropCollapse,
+    ModeCollapse,
+    LevelShiftCollapse,
 )
 
 
@@ -56,6 +59,8 @@ __all__ = [
     "KlBlowup",
     "KlSpike",
     "LengthBlowup",
+    "LevelShiftCollapse",
+    "ModeCollapse",
     "Nonfinite",
     "PersistentCheck",
     "RewardDecline",
