@@ -14,20 +14,19 @@ import pandas as pd
 import pytest
 
 from lld_monitor import columns as C
-from lld_monitor.charts import PANELS, PHASE_COLORS, SIGNAL_COLORS
 from lld_monitor.cli import main
 from lld_monitor.events import Alert
 from lld_monitor.importers import load_table
 from lld_monitor.report import build_figure, write_report
+from lld_monitor.report.charts import PANELS, PHASE_COLORS, SIGNAL_COLORS
 
 FIX = Path(__file__).parent / "fixtures" / "importers"
 
 
 def _analyze_run():
-    analysis = pytest.importorskip("lld_monitor.analysis")
-    if not hasattr(analysis, "analyze_run"):
-        pytest.skip("lld_monitor.analysis.analyze_run not available yet")
-    return analysis.analyze_run
+    from lld_monitor.analysis import analyze_run
+
+    return analyze_run
 
 
 def _collapsing_csv(path: Path) -> Path:
@@ -232,7 +231,8 @@ def test_unreadable_inputs_exit_2(tmp_path, capsys, make):
 
 def test_json_on_our_run_folder_and_a_checkpoint_folder(tmp_path, capsys):
     _analyze_run()
-    runlog = pytest.importorskip("lld_monitor.runlog")
+    from lld_monitor import runlog
+
     with runlog.RunWriter(tmp_path / "run") as w:
         for step in range(1, 31):
             w.log_step({C.STEP: step, C.REWARD_MEAN: step / 30, C.GRAD_NORM: 0.5})

@@ -436,7 +436,7 @@ def test_resolve_inside_refuses_escapes(tmp_path: Path) -> None:
 
 def test_command_defaults_to_loopback(tmp_path: Path) -> None:
     from lld_monitor.cli import build_parser
-    from lld_monitor.commands import dashboard as cmd
+    from lld_monitor.cli import dashboard as cmd
 
     args = build_parser().parse_args(["dashboard", str(tmp_path)])
     line = cmd.build_command(args, cmd.find_app())
@@ -470,8 +470,8 @@ def _free_port() -> int:
 def test_command_warns_on_other_address(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from lld_monitor.cli import dashboard as cmd
     from lld_monitor.cli import main
-    from lld_monitor.commands import dashboard as cmd
 
     launched: list[list[str]] = []
     monkeypatch.setattr(cmd, "serve", lambda argv: launched.append(argv) or 0)  # no server

@@ -197,7 +197,6 @@ def test_targets_on_a_held_out_suite():
 
 
 def test_simulate_then_eval_cli(tmp_path, capsys):
-    pytest.importorskip("lld_monitor.runlog")
     out = tmp_path / "sim"
     assert main(["simulate", str(out), "--n", "4", "--seed", "5"]) == 0
     text = capsys.readouterr().out
@@ -223,7 +222,8 @@ def test_simulate_then_eval_cli(tmp_path, capsys):
 
 
 def test_simulate_one_kind(tmp_path, capsys):
-    runlog = pytest.importorskip("lld_monitor.runlog")
+    from lld_monitor import runlog
+
     out = tmp_path / "k"
     args = ["simulate", str(out), "--n", "2", "--kind", "nonfinite", "--log-every", "5"]
     assert main(args) == 0
@@ -255,12 +255,13 @@ def test_detector_contract(factory):
     det.reset()
     assert [a.to_dict() for r in rows for a in det.update(r)] == [a.to_dict() for a in first]
     json.loads(json.dumps(det.state_dict()))
-    assert det.update({C.STEP: 10**6}) == [] or True  # a bare row is accepted
+    assert det.update({C.STEP: 10**6}) == []  # a bare row is accepted (and raises nothing)
     assert isinstance(det.phase, str)
 
 
 def test_simulate_wide_cli(tmp_path, capsys):
-    runlog = pytest.importorskip("lld_monitor.runlog")
+    from lld_monitor import runlog
+
     out = tmp_path / "wide"
     assert main(["simulate", str(out), "--wide", "--n", "5", "--seed", "2"]) == 0
     assert "time_scale=" in capsys.readouterr().out

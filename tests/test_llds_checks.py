@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from lld_monitor import columns as C
-from lld_monitor.llds_checks import (
+from lld_monitor.monitor.llds_checks import (
     ZERO_STD_WARN,
     OnceNotes,
     can_act_problems,

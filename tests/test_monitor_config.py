@@ -9,10 +9,9 @@ import pytest
 
 from lld_monitor import LLDSConfig
 from lld_monitor import columns as C
-from lld_monitor.actions import ActionPolicy
 from lld_monitor.analysis import PhaseDetector
-from lld_monitor.correctness import CorrectnessRule
-from lld_monitor.monitor_config import (
+from lld_monitor.monitor.actions import ActionPolicy
+from lld_monitor.monitor.config import (
     check_llds,
     check_probe_fraction,
     check_run_dir,
@@ -20,7 +19,8 @@ from lld_monitor.monitor_config import (
     make_detector,
     run_meta,
 )
-from lld_monitor.token_sampling import TokenSampler
+from lld_monitor.monitor.correctness import CorrectnessRule
+from lld_monitor.monitor.token_sampling import TokenSampler
 
 
 def test_probe_fraction_in_the_unit_interval() -> None:

@@ -12,8 +12,8 @@ import torch
 
 from lld_monitor import LLDMonitor, LLDSConfig, load_run
 from lld_monitor import columns as C
-from lld_monitor.correctness import ThresholdWatch
 from lld_monitor.events import Alert
+from lld_monitor.monitor.correctness import ThresholdWatch
 
 
 def _batch() -> dict[str, torch.Tensor]:
@@ -272,7 +272,7 @@ class _CountingTokenizer:
     """A real tiny tokenizer that counts its decode calls (decoding must be one call per step)."""
 
     def __init__(self) -> None:
-        from lld_monitor.tiny import build_tokenizer
+        from lld_monitor.toy.tiny import build_tokenizer
 
         self.tok = build_tokenizer([" ".join(WORDS)], vocab_size=64)
         self.batch_calls = 0
@@ -574,7 +574,7 @@ def test_likelihood_displacement_takes_the_loss_tensor_with_grad() -> None:
 
 def test_step_metrics_reduce_by_declared_rule() -> None:
     """sum for counts, NaN-ignoring max for grad_norm_max, rank 0's value for the switch."""
-    from lld_monitor.step_metrics import FIELD_INDEX, StepMetrics
+    from lld_monitor.monitor.step_metrics import FIELD_INDEX, StepMetrics
 
     rows = torch.zeros(3, StepMetrics.length(1), dtype=torch.float64)  # 3 ranks, 1 reward fn
     i = FIELD_INDEX

@@ -12,11 +12,10 @@ import torch
 
 from lld_monitor import LLDSConfig
 from lld_monitor import columns as C
-from lld_monitor.actions import ActionPolicy
-from lld_monitor.detection import Responder, phase_message
 from lld_monitor.events import Alert
-from lld_monitor.llds_switch import LLDSSwitch
-from lld_monitor.step_metrics import FIELD_INDEX, StepMetrics, gather_and_reduce
+from lld_monitor.monitor.actions import ActionPolicy, Responder, phase_message
+from lld_monitor.monitor.llds_switch import LLDSSwitch
+from lld_monitor.monitor.step_metrics import FIELD_INDEX, StepMetrics, gather_and_reduce
 
 # -- LLDSSwitch.term ---------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import pytest
 
 from lld_monitor import columns as C
 from lld_monitor.events import make_event
-from lld_monitor.resume import (
+from lld_monitor.monitor.resume import (
     MonitorState,
     last_logged_step,
     monitor_state,

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from lld_monitor import columns as C
-from lld_monitor.correctness import CorrectnessRule
-from lld_monitor.rollout import Rollout, measure_displacement, observe_rollout
-from lld_monitor.step_metrics import FIELD_INDEX, StepMetrics, row_from_sums
+from lld_monitor.monitor.correctness import CorrectnessRule
+from lld_monitor.monitor.rollout import Rollout, measure_displacement, observe_rollout
+from lld_monitor.monitor.step_metrics import FIELD_INDEX, StepMetrics, row_from_sums
 
 CPU = torch.device("cpu")
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from lld_monitor import columns as C
-from lld_monitor.cli import main
-from lld_monitor.commands import selfcheck
+from lld_monitor.cli import main, selfcheck
 
 
 def test_selfcheck_passes(capsys):

@@ -329,7 +329,7 @@ def test_monitored_run_without_samples_writes_no_token_files(policy, tmp_path):
 
 
 def test_short_grpo_run_with_monitor_writes_lld_columns(policy, tmp_path):
-    monitor_mod = pytest.importorskip("lld_monitor.monitor")
+    from lld_monitor import monitor as monitor_mod
     from lld_monitor.llds import LLDSConfig
     from lld_monitor.runlog import load_run
     from lld_monitor.toy.train import train_toy
@@ -353,8 +353,6 @@ def test_short_grpo_run_with_monitor_writes_lld_columns(policy, tmp_path):
 
 
 def test_demo_command_trains_writes_a_run_and_prints_the_dashboard_command(tmp_path, capsys):
-    pytest.importorskip("lld_monitor.monitor")
-    pytest.importorskip("lld_monitor.analysis")
     import json
 
     from lld_monitor.cli import main
@@ -394,7 +392,7 @@ def test_demo_command_trains_writes_a_run_and_prints_the_dashboard_command(tmp_p
 
 
 def test_demo_default_out_is_numbered_when_taken(tmp_path):
-    from lld_monitor.commands.demo import default_out
+    from lld_monitor.cli.demo import default_out
 
     first = default_out("auto", 0, tmp_path)
     assert first == tmp_path / "demo-auto-seed0"
@@ -455,7 +453,7 @@ def test_demo_auto_on_defaults_to_the_monitor_triggers_and_refuses_unknown_kinds
     import argparse
 
     from lld_monitor.cli import main
-    from lld_monitor.commands.demo import add_arguments
+    from lld_monitor.cli.demo import add_arguments
     from lld_monitor.monitor import AUTO_LLDS_KINDS
 
     parser = argparse.ArgumentParser()
@@ -475,7 +473,7 @@ def test_demo_auto_on_defaults_to_the_monitor_triggers_and_refuses_unknown_kinds
 def test_s3_preset_builds_its_config_and_the_demo_offers_it(tmp_path):
     import argparse
 
-    from lld_monitor.commands.demo import add_arguments
+    from lld_monitor.cli.demo import add_arguments
     from lld_monitor.toy.train import grpo_args, preset_configs
 
     s3 = preset_configs(steps=800, seed=2)["s3-16upd-lr8e-4"]

@@ -13,7 +13,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from lld_monitor import LLDMonitor, load_run
 from lld_monitor import columns as C
 from lld_monitor.integrations.transformers import check_trainer_internals
-from lld_monitor.tiny import build_tiny_model
+from lld_monitor.toy.tiny import build_tiny_model
 
 
 class _Texts(torch.utils.data.Dataset):
@@ -95,7 +95,8 @@ def test_plain_trainer_rows_loss_grad_norm_lr(tmp_path: Any) -> None:
 
 
 def test_wandb_offline_run_gets_the_rows_and_alerts(tmp_path: Any, monkeypatch: Any) -> None:
-    sinks = pytest.importorskip("lld_monitor.sinks")
+    from lld_monitor import sinks
+
     wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))

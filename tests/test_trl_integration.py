@@ -15,7 +15,7 @@ from lld_monitor import LLDMonitor, LLDSConfig, load_run
 from lld_monitor import columns as C
 from lld_monitor.events import Alert
 from lld_monitor.integrations import trl as trl_adapter
-from lld_monitor.tiny import build_tiny_model
+from lld_monitor.toy.tiny import build_tiny_model
 
 
 def test_trl_internals_unchanged() -> None:

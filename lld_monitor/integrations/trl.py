@@ -573,7 +573,8 @@ class GRPOAdapter(TrainerAdapter):
         Which batches are finished is the same on every rank (:func:`finished_generations`). The
         ranks then agree that each prepared its probe (one small all_reduce) before any forward:
         under ZeRO-3/FSDP the forward is a collective, so a rank must not skip it alone. A failure
-        inside the forward is a :class:`~lld_monitor.failure.CollectiveError` on several ranks.
+        inside the forward is a
+        :class:`~lld_monitor.monitor.failure.CollectiveError` on several ranks.
         """
         tr = self.trainer
         done = finished_generations(

@@ -13,9 +13,9 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from lld_monitor.correctness import CorrectnessRule
-from lld_monitor.step_metrics import StepMetrics
-from lld_monitor.token_sampling import ProbeRecord
+from lld_monitor.monitor.correctness import CorrectnessRule
+from lld_monitor.monitor.step_metrics import StepMetrics
+from lld_monitor.monitor.token_sampling import ProbeRecord
 
 
 def check_completion_mask(completion_mask: torch.Tensor | None, ref: torch.Tensor) -> None:

@@ -8,7 +8,7 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register OUT and the generator's options."""
-    from lld_monitor.testing import KINDS
+    from lld_monitor.datasets import KINDS
 
     parser.add_argument("out", help="folder to write the run folders into")
     parser.add_argument("--n", type=int, default=20, help="number of runs (default 20)")
@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Generate and write the runs; print one line per run; 2 on bad arguments or a clash."""
-    from lld_monitor.testing import (
+    from lld_monitor.datasets import (
         CLASSIC_KINDS,
         COLLAPSE_KINDS,
         FAILURE_KINDS,

@@ -1,9 +1,10 @@
 """The event dispatcher: rows, events and alerts to the run log and the sinks (rank 0).
 
-The model is transformers' ``CallbackHandler``: one object calls every sink's optional method
-(``log_step``, ``log_event``, ``alert``, ``close``) under the monitor's failure policy, so a
-broken sink is reported once and skipped. Events that arrive before the run log opens are
-queued and written when it does.
+The model is transformers' ``CallbackHandler``: one object calls every sink's hooks
+(:class:`~lld_monitor.sinks.Sink`: ``log_row``, ``log_event``, ``alert``, ``close``) under the
+monitor's failure policy, so a broken sink is reported once and skipped. A sink that defines
+its own ``log_step(row)`` (the former hook) gets rows through it; a duck-typed sink gets the hooks
+it has. Events that arrive before the run log opens are queued and written when it does.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from lld_monitor import columns as C
 from lld_monitor.events import Alert
+from lld_monitor.sinks import Sink
 
 
 class EventDispatcher:
@@ -56,9 +59,19 @@ class EventDispatcher:
         self._call("log_event", event)
 
     def row(self, row: Mapping[str, Any]) -> None:
-        """Write a step row and pass it to the sinks."""
+        """Write a step row and pass it to every sink's ``log_row(step, row)``."""
         self.writer.log_step(row)
-        self._call("log_step", row)
+        step = int(row[C.STEP])
+        for sink in self.sinks:
+            legacy = getattr(type(sink), "log_step", None)
+            if legacy is not None and legacy is not Sink.log_step:  # overrides log_step itself
+                with self._guard(f"sink {type(sink).__name__}.log_step"):
+                    sink.log_step(row)
+                continue
+            fn = getattr(sink, "log_row", None)
+            if fn is not None:
+                with self._guard(f"sink {type(sink).__name__}.log_row"):
+                    fn(step, row)
 
     def alert(self, alert: Alert) -> None:
         """Pass an alert to the sinks (its event goes through :meth:`event`)."""

@@ -22,9 +22,11 @@ from typing import Any
 import torch
 
 from lld_monitor import columns as C
-from lld_monitor import distributed, llds_checks, monitor_config, rollout, step_metrics
-from lld_monitor import resume as resume_state
-from lld_monitor.actions import (  # noqa: F401  (re-exported: the former home)
+from lld_monitor.events import Alert, make_event
+from lld_monitor.monitor import config as monitor_config
+from lld_monitor.monitor import distributed, llds_checks, rollout, step_metrics
+from lld_monitor.monitor import resume as resume_state
+from lld_monitor.monitor.actions import (  # noqa: F401  (re-exported: the former home)
     AUTO_LLDS_ACCEPTED,
     AUTO_LLDS_KINDS,
     AUTO_LLDS_LAMBDA,
@@ -32,16 +34,15 @@ from lld_monitor.actions import (  # noqa: F401  (re-exported: the former home)
     COLLAPSE_KINDS,
     STOP,
     ActionPolicy,
+    Responder,
 )
-from lld_monitor.correctness import CorrectnessRule, ThresholdWatch
-from lld_monitor.detection import Responder
-from lld_monitor.dispatch import EventDispatcher
-from lld_monitor.events import Alert, make_event
-from lld_monitor.failure import FailurePolicy
-from lld_monitor.llds_checks import ZERO_STD_WARN, OnceNotes  # noqa: F401  (re-exported)
-from lld_monitor.llds_switch import LLDSSwitch
-from lld_monitor.step_metrics import FIELD_INDEX, FIELD_NAMES, StepMetrics, row_from_sums
-from lld_monitor.token_sampling import (  # noqa: F401  (re-exported: the former home)
+from lld_monitor.monitor.correctness import CorrectnessRule, ThresholdWatch
+from lld_monitor.monitor.dispatch import EventDispatcher
+from lld_monitor.monitor.failure import FailurePolicy
+from lld_monitor.monitor.llds_checks import ZERO_STD_WARN, OnceNotes  # noqa: F401  (re-exported)
+from lld_monitor.monitor.llds_switch import LLDSSwitch
+from lld_monitor.monitor.step_metrics import FIELD_INDEX, FIELD_NAMES, StepMetrics, row_from_sums
+from lld_monitor.monitor.token_sampling import (  # noqa: F401  (re-exported: the former home)
     SAMPLE_RESPONSE,
     SAMPLE_TOP_TOKEN,
     ProbeRecord,
@@ -174,7 +175,7 @@ class LLDMonitor:
             llds=self.llds.config,
         )
 
-    # -- failure policy (lld_monitor/failure.py) -------------------------------------------------
+    # -- failure policy (failure.py) ---------------------------------------------------------------
 
     def guard(self, where: str) -> Any:
         """Context manager for a local hook: strict re-raises, else report once and carry on."""
@@ -213,7 +214,7 @@ class LLDMonitor:
     def _report_error(self, where: str, err: BaseException) -> None:
         self.failures.report(where, err)
 
-    # -- events (lld_monitor/dispatch.py) ---------------------------------------------------------
+    # -- events (dispatch.py) ----------------------------------------------------------------------
 
     def _event(self, event: dict[str, Any]) -> None:
         """Write an event (rank 0) and pass it to the sinks; queued until the run log opens."""
@@ -237,7 +238,7 @@ class LLDMonitor:
         with self.guard("llds switch event"):
             self._emit("intervention", self.step, kind, msg, "info", evidence)
 
-    # -- correctness (lld_monitor/correctness.py) -------------------------------------------------
+    # -- correctness (correctness.py) --------------------------------------------------------------
 
     @property
     def correct_fn(self) -> Callable[..., Any] | None:
@@ -259,10 +260,10 @@ class LLDMonitor:
         device: torch.device,
         rewards_per_func: Mapping[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """[B] bool by the monitor's correctness rule (lld_monitor/correctness.py)."""
+        """[B] bool by the monitor's correctness rule (lld_monitor/monitor/correctness.py)."""
         return self.correctness(rewards, advantages, batch, device, rewards_per_func)
 
-    # -- plain API: observe (lld_monitor/rollout.py, step_metrics.py) -----------------------------
+    # -- plain API: observe (rollout.py, step_metrics.py) ------------------------------------------
 
     def observe_rollout(
         self,
@@ -414,10 +415,10 @@ class LLDMonitor:
         return record
 
     def token_sample_rows(self, sources: Sequence[TokenSource] | None = None) -> list[dict]:
-        """The step's token samples (lld_monitor/token_sampling.py, ``sample_rows``)."""
+        """The step's token samples (lld_monitor/monitor/token_sampling.py, ``sample_rows``)."""
         return self.tokens.rows(sources)
 
-    # -- plain API: LLDS (lld_monitor/llds_switch.py) ---------------------------------------------
+    # -- plain API: LLDS (llds_switch.py) ----------------------------------------------------------
 
     def llds_term(
         self,
@@ -531,7 +532,7 @@ class LLDMonitor:
         step = int(row.get(C.STEP, self.step))
         self._emit("lifecycle", step, "no_correct_responses", msg, "warning", evidence)
 
-    # -- LLDS checks (lld_monitor/llds_checks.py) -------------------------------------------------
+    # -- LLDS checks (llds_checks.py) --------------------------------------------------------------
 
     def _note_once(
         self, key: str, step: int, message: str, severity: str, evidence: Mapping[str, Any]
@@ -561,7 +562,7 @@ class LLDMonitor:
             evidence = {C.FRAC_ZERO_STD_GROUPS: float(frac)}
             self._note_once("llds_check_zero_std", step, msg, "warning", evidence)
 
-    # -- detector and actions (lld_monitor/actions.py) --------------------------------------------
+    # -- detector and actions (actions.py) ---------------------------------------------------------
 
     def _detect(self, row: Mapping[str, Any], step: int) -> None:
         """Feed the detector (every rank, same rows -> same alerts) and act on its alerts."""
@@ -591,7 +592,7 @@ class LLDMonitor:
     detector = property(lambda self: self.responder.detector)
     last_alerts = property(lambda self: self.responder.last_alerts)
 
-    # -- resume (lld_monitor/resume.py) -----------------------------------------------------------
+    # -- resume (resume.py) ------------------------------------------------------------------------
 
     def _replayed_event(self, event: Mapping[str, Any]) -> bool:
         """An alert/phase/intervention event of a step the resumed folder already holds."""

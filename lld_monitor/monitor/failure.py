@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from lld_monitor import distributed
+from lld_monitor.monitor import distributed
 
 logger = logging.getLogger("lld_monitor")
 

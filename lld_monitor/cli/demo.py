@@ -194,7 +194,7 @@ def _print_interventions(out: Path, llds: str, auto_on: tuple[str, ...]) -> None
 def _print_analysis(out: Path) -> None:
     """The analyzer's summary of the run folder (the same text as ``lld-monitor analyze``)."""
     from lld_monitor.analysis import analyze_run
-    from lld_monitor.commands.analyze import summary_text
+    from lld_monitor.cli.analyze import summary_text
     from lld_monitor.importers import load_table
 
     df = load_table(out)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lld_monitor import columns as C
-from lld_monitor import distributed
+from lld_monitor.monitor import distributed
 
 logger = logging.getLogger("lld_monitor")
 

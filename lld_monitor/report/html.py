@@ -18,11 +18,11 @@ REPORT_MAX_POINTS = 5000
 
 
 def build_figure(df: pd.DataFrame, analysis: Any, title: str = "lld_monitor report") -> Any:
-    """The run's figure as ``lld_monitor.charts`` defines it (the dashboard draws the same one).
+    """The run's figure as ``report.charts`` defines it (the dashboard draws the same one).
 
     Raw values (no smoothing), phases shaded, alerts on the phase strip, collapse as a red line.
     """
-    from lld_monitor import charts
+    from lld_monitor.report import charts
 
     if C.STEP not in df.columns:
         raise ValueError(f"the table has no {C.STEP!r} column: load it with importers.load_table")

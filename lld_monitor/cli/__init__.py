@@ -11,12 +11,12 @@ from collections.abc import Sequence
 #   add_arguments(parser: argparse.ArgumentParser) -> None
 #   run(args: argparse.Namespace) -> int   (the exit code)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "analyze": ("lld_monitor.commands.analyze", "analyze a logged run (ours or a foreign log)"),
-    "eval": ("lld_monitor.commands.evaluate", "score the detector on a folder of labelled runs"),
-    "simulate": ("lld_monitor.commands.simulate", "write labelled simulated runs (clearly marked)"),
-    "dashboard": ("lld_monitor.commands.dashboard", "open the live dashboard (127.0.0.1)"),
-    "demo": ("lld_monitor.commands.demo", "train the toy tool-using GRPO run with the monitor"),
-    "selfcheck": ("lld_monitor.commands.selfcheck", "check the install: metrics, LLDS, run log"),
+    "analyze": ("lld_monitor.cli.analyze", "analyze a logged run (ours or a foreign log)"),
+    "eval": ("lld_monitor.cli.evaluate", "score the detector on a folder of labelled runs"),
+    "simulate": ("lld_monitor.cli.simulate", "write labelled simulated runs (clearly marked)"),
+    "dashboard": ("lld_monitor.cli.dashboard", "open the live dashboard (127.0.0.1)"),
+    "demo": ("lld_monitor.cli.demo", "train the toy tool-using GRPO run with the monitor"),
+    "selfcheck": ("lld_monitor.cli.selfcheck", "check the install: metrics, LLDS, run log"),
 }
 
 
@@ -53,7 +53,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lld-monitor {args.command}: not available: {unavailable}", file=sys.stderr)
         return 2
     return int(_load(args.command).run(args) or 0)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

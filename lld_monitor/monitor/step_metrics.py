@@ -4,9 +4,9 @@ Each field of the per-step vector declares how ranks combine it: ``sum`` (counts
 ``max`` (over ranks, NaN-ignoring) or ``rank0`` (rank 0's value: the LLDS switch state). The
 monitor packs the fields, the K confidence sums, the K probe sums and (sum, count) per reward
 function into one float64 vector; :func:`gather_and_reduce` brings every rank's vector in one
-collective (:func:`lld_monitor.distributed.gather_rows`) and combines them by the declared rule
-(:meth:`StepMetrics.reduce`), the same way on every rank. :func:`row_from_sums` turns the
-reduced sums into the step's columns.
+collective (:func:`~lld_monitor.monitor.distributed.gather_rows`) and combines them by the
+declared rule (:meth:`StepMetrics.reduce`), the same way on every rank. :func:`row_from_sums`
+turns the reduced sums into the step's columns.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from lld_monitor import columns as C
-from lld_monitor import distributed
+from lld_monitor.monitor import distributed
 
 SUM, MAX, RANK0 = "sum", "max", "rank0"
 
