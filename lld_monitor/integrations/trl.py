@@ -1,7 +1,7 @@
 """Adapter for TRL's ``GRPOTrainer``: the ONLY module that touches GRPOTrainer's private internals.
 
 What it wraps (instance attributes, restored by ``uninstall``), checked against the tested TRL
-range at attach and by tests/test_trl_integration.py::test_trl_internals_unchanged:
+range at attach and by tests/integrations/test_trl.py::test_trl_internals_unchanged:
 
 - ``_calculate_rewards``: the raw rewards per reward function (they never reach the loss).
 - ``_generate_and_score_completions``: tags each generation batch with its rewards, the valid

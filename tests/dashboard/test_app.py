@@ -28,7 +28,7 @@ from streamlit.testing.v1 import AppTest
 from dashboard import charts, sources
 from dashboard import tokens as tok
 
-APP = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 TIMEOUT = 60
 
 # --- fixtures: real run folders -----------------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "sample_runs" / "auto" / "s1-small-32upd-lr3e-3-seed1-off"
 
 

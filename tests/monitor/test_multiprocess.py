@@ -22,7 +22,7 @@ from lld_monitor import LLDMonitor, load_run
 from lld_monitor import columns as C
 from lld_monitor.metrics import SUM_FIELDS, displacement_sums, stats_from_sums
 
-SCRIPT = Path(__file__).with_name("lld_grpo_script.py")
+SCRIPT = Path(__file__).resolve().parents[1] / "lld_grpo_script.py"
 
 
 def _free_port() -> int:

@@ -25,7 +25,7 @@ from lld_monitor.importers import (
     parse_verl_console,
 )
 
-FIX = Path(__file__).parent / "fixtures" / "importers"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "importers"
 
 
 def _col(df: pd.DataFrame, col: str) -> list[float]:
@@ -312,7 +312,7 @@ def test_mapping_names():
     assert canonical_name("train/reward") == C.REWARD_MEAN
     assert canonical_name("eval/reward") is None
     # the authors' verl fork: lambda maps; their token-diluted pos/neg log-probs map for their
-    # trend (tests/test_verl_authors_names.py); the reference-policy ones do not
+    # trend (tests/importers/test_verl_authors_names.py); the reference-policy ones do not
     assert canonical_name("actor/loss_noreduce_coef") == C.LLDS_LAMBDA
     assert canonical_name("actor/pos_avg_old_log_prob") == C.LOGP_CORRECT
     assert canonical_name("actor/pos_avg_ref_log_prob") is None
@@ -412,7 +412,7 @@ def test_real_runs_import(real_run_file):
 
 
 def test_docs_list_every_format_and_foreign_name():
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "importers.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "importers.md").read_text()
     for fmt in FORMATS:
         assert f"`{fmt}`" in doc, fmt
     for col, names in FOREIGN_NAMES.items():
@@ -441,7 +441,7 @@ def test_tensor_reprs_and_ansi_colours(tmp_path):
     _close(_col(df, C.REWARD_MEAN), [0.5, 0.25])
 
 
-VERL_PY = Path(__file__).resolve().parents[1] / ".venv-verl" / "bin" / "python"
+VERL_PY = Path(__file__).resolve().parents[2] / ".venv-verl" / "bin" / "python"
 
 _VERL_SCRIPT = """
 import os, sys
@@ -491,7 +491,7 @@ def test_real_grpo_trainer_outputs_import(tmp_path, capfd, monkeypatch):
     """A real 3-step TRL GRPOTrainer run on a tiny model writes trainer_state.json, TensorBoard
     events and console dicts; each imports to the trainer's own log_history."""
     pytest.importorskip("trl")
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
     from lld_grpo_script import make_grpo_trainer, reward_has_a, reward_length
 
     out = tmp_path / "trl"

@@ -20,7 +20,7 @@ from lld_monitor.importers import load_table
 from lld_monitor.report import build_figure, write_report
 from lld_monitor.report.charts import PANELS, PHASE_COLORS, SIGNAL_COLORS
 
-FIX = Path(__file__).parent / "fixtures" / "importers"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "importers"
 
 
 def _analyze_run():
@@ -310,7 +310,7 @@ def test_report_strip_does_not_promise_a_click_through():
 
 # --- --fail-on (CI exit code) ---------------------------------------------------------------------
 
-SAMPLE_AUTO = Path(__file__).resolve().parents[1] / "sample_runs" / "auto"
+SAMPLE_AUTO = Path(__file__).resolve().parents[2] / "sample_runs" / "auto"
 
 
 @pytest.mark.parametrize(
