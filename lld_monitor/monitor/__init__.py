@@ -28,6 +28,7 @@ from lld_monitor.monitor.actions import (
 # names defined in a torch-importing part -> that part (imported on first use)
 _LAZY: dict[str, str] = {
     "LLDMonitor": "lld_monitor.monitor.core",
+    "MonitorConfig": "lld_monitor.monitor.config",
     "ZERO_STD_WARN": "lld_monitor.monitor.llds_checks",
     "OnceNotes": "lld_monitor.monitor.llds_checks",
     "LLDSSwitch": "lld_monitor.monitor.llds_switch",

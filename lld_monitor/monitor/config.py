@@ -1,4 +1,4 @@
-"""The monitor's constructor arguments: checked with a clear error, and recorded in meta.json.
+"""The monitor's settings: ``MonitorConfig``, the checks with a clear error, and meta.json's record.
 
 Each check returns the value the monitor keeps or raises an error that tells the user what to
 do; :func:`config_meta` is the ``config`` object of the run's meta.json.
@@ -8,14 +8,44 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lld_monitor import columns as C
 from lld_monitor.monitor import distributed
+from lld_monitor.monitor.actions import AUTO_LLDS_KINDS
 
 logger = logging.getLogger("lld_monitor")
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    """Every setting of ``LLDMonitor`` but the run folder, with the monitor's defaults.
+
+    ``LLDMonitor(run_dir, MonitorConfig(auto_llds=True))`` is the same monitor as
+    ``LLDMonitor(run_dir, auto_llds=True)``; the keyword form stays accepted. The values are
+    checked when the monitor is built (docs/monitor.md describes each).
+    """
+
+    llds: Any | None = None  # an LLDSConfig, or None: LLDS off (switchable later)
+    probe_fraction: float = 0.25
+    correct_fn: Callable[..., Any] | None = None
+    correct_threshold: float = 1.0
+    correct_reward: str | None = None
+    sinks: Sequence[Any] = ()
+    detector: Any = True
+    auto_llds: bool = False
+    auto_llds_on: Sequence[str] = AUTO_LLDS_KINDS
+    stop_on_collapse: bool = False
+    checkpoint_on_collapse: bool = False
+    token_samples_per_step: int = 4
+    response_samples_per_step: int = 4
+    strict: bool = False
+    meta: Mapping[str, Any] | None = None
+    llds_with_dropout: bool = False
+    resume: bool = False
 
 
 def check_probe_fraction(probe_fraction: float) -> float:

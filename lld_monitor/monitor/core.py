@@ -36,6 +36,7 @@ from lld_monitor.monitor.actions import (  # noqa: F401  (re-exported: the forme
     ActionPolicy,
     Responder,
 )
+from lld_monitor.monitor.config import MonitorConfig
 from lld_monitor.monitor.correctness import CorrectnessRule, ThresholdWatch
 from lld_monitor.monitor.dispatch import EventDispatcher
 from lld_monitor.monitor.failure import FailurePolicy
@@ -63,6 +64,7 @@ class LLDMonitor:
     def __init__(
         self,
         run_dir: str | Path,
+        config: MonitorConfig | None = None,
         *,
         llds: Any | None = None,
         probe_fraction: float = 0.25,
@@ -83,8 +85,48 @@ class LLDMonitor:
         llds_with_dropout: bool = False,
         resume: bool = False,
     ) -> None:
+        keywords = MonitorConfig(
+            llds=llds,
+            probe_fraction=probe_fraction,
+            correct_fn=correct_fn,
+            correct_threshold=correct_threshold,
+            correct_reward=correct_reward,
+            sinks=sinks,
+            detector=detector,
+            auto_llds=auto_llds,
+            auto_llds_on=auto_llds_on,
+            stop_on_collapse=stop_on_collapse,
+            checkpoint_on_collapse=checkpoint_on_collapse,
+            token_samples_per_step=token_samples_per_step,
+            response_samples_per_step=response_samples_per_step,
+            strict=strict,
+            meta=meta,
+            llds_with_dropout=llds_with_dropout,
+            resume=resume,
+        )
+        if config is None:
+            config = keywords
+        elif not isinstance(config, MonitorConfig):
+            raise ValueError(f"config must be an lld_monitor.MonitorConfig, got {config!r}")
+        elif keywords != MonitorConfig():
+            raise ValueError(
+                "pass the settings either as config=MonitorConfig(...) or as keyword "
+                "arguments, not both"
+            )
+        #: The settings this monitor was built with (frozen; the running state lives elsewhere).
+        self.config = config
+        llds, probe_fraction, correct_fn = config.llds, config.probe_fraction, config.correct_fn
+        correct_threshold, correct_reward = config.correct_threshold, config.correct_reward
+        sinks, detector, auto_llds = config.sinks, config.detector, config.auto_llds
+        auto_llds_on, stop_on_collapse = config.auto_llds_on, config.stop_on_collapse
+        checkpoint_on_collapse = config.checkpoint_on_collapse
+        token_samples_per_step = config.token_samples_per_step
+        response_samples_per_step = config.response_samples_per_step
+        strict, meta, resume = config.strict, config.meta, config.resume
+        llds_with_dropout = config.llds_with_dropout
+
         self.probe_fraction = monitor_config.check_probe_fraction(probe_fraction)
-        config = monitor_config.check_llds(llds)
+        llds_config = monitor_config.check_llds(llds)
         self.run_dir = Path(run_dir)
         monitor_config.check_run_dir(self.run_dir, resume)  # here: at a step it is swallowed
         self.correctness = CorrectnessRule(correct_fn, correct_threshold, correct_reward)
@@ -102,7 +144,7 @@ class LLDMonitor:
         #: it are not written again (a run resumed from an earlier checkpoint replays them).
         self.resumed_last_step: int | None = None
         self.meta: dict[str, Any] = dict(meta or {})
-        self.llds = LLDSSwitch(config, self._on_llds_change)
+        self.llds = LLDSSwitch(llds_config, self._on_llds_change)
 
         self.rank = 0
         self.writer: Any | None = None

@@ -104,3 +104,42 @@ def test_run_meta_user_meta_wins_and_absent_columns_listed() -> None:
     meta = run_meta("transformers", False, {}, {}, {})
     assert meta["lld_columns"] is False
     assert meta["lld_columns_absent"] == list(C.LLD_COLUMNS)
+
+
+# --- MonitorConfig: the frozen form of the constructor's keywords ------------------------------
+
+
+def test_monitor_config_mirrors_the_keywords_with_the_same_defaults() -> None:
+    import dataclasses
+    import inspect
+
+    from lld_monitor import LLDMonitor, MonitorConfig
+
+    params = inspect.signature(LLDMonitor.__init__).parameters
+    keywords = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    fields = {f.name: f.default for f in dataclasses.fields(MonitorConfig)}
+    assert fields == keywords
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        MonitorConfig().auto_llds = True  # type: ignore[misc]
+
+
+def test_config_and_keyword_forms_build_the_same_monitor(tmp_path: Path) -> None:
+    import json
+
+    from lld_monitor import LLDMonitor, LLDSConfig, MonitorConfig
+
+    settings = dict(llds=LLDSConfig(lam=0.1, enabled=False), auto_llds=True, probe_fraction=0.5)
+    metas = []
+    for name, monitor in (
+        ("kw", LLDMonitor(tmp_path / "kw", detector=None, **settings)),
+        ("cfg", LLDMonitor(tmp_path / "cfg", MonitorConfig(detector=None, **settings))),
+    ):
+        assert monitor.config == MonitorConfig(detector=None, **settings)
+        monitor.end_step(step=0)
+        monitor.close()
+        metas.append(json.loads((tmp_path / name / "meta.json").read_text())["config"])
+    assert metas[0] == metas[1] and metas[0]["probe_fraction"] == 0.5
+    with pytest.raises(ValueError, match="not both"):
+        LLDMonitor(tmp_path / "both", MonitorConfig(), auto_llds=True)
+    with pytest.raises(ValueError, match="MonitorConfig"):
+        LLDMonitor(tmp_path / "bad", {"auto_llds": True})  # type: ignore[arg-type]
