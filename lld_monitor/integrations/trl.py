@@ -275,8 +275,12 @@ class GRPOAdapter(TrainerAdapter):
                 "so the adapter can call them as GRPOTrainer does."
             )
         args = self.trainer.args
-        self.monitor.reuse_warning = llds_reuse_problem(
-            self.trainer.num_iterations, args.steps_per_generation, args.gradient_accumulation_steps
+        self.monitor.set_llds_reuse_problem(
+            llds_reuse_problem(
+                self.trainer.num_iterations,
+                args.steps_per_generation,
+                args.gradient_accumulation_steps,
+            )
         )
         self._check_dropout()
         names = list(self.trainer.reward_func_names)

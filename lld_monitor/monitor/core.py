@@ -631,6 +631,16 @@ class LLDMonitor:
         elif action == CHECKPOINT:
             self.should_save = True
 
+    def take_save_request(self) -> bool:
+        """Whether a checkpoint was requested since the last call (the adapter then saves once)."""
+        requested, self.should_save = self.should_save, False
+        return requested
+
+    def set_llds_reuse_problem(self, problem: str | None) -> None:
+        """An adapter's finding on why LLDS can never act in the trainer's setup (None: it can);
+        said when LLDS is switched on."""
+        self.reuse_warning = problem
+
     detector = property(lambda self: self.responder.detector)
     last_alerts = property(lambda self: self.responder.last_alerts)
 

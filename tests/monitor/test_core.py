@@ -661,3 +661,21 @@ def test_zero_variance_groups_warn_once_and_only_when_llds_may_act(tmp_path: Any
     below.end_step(step=1)
     below.close()
     assert "llds_check_zero_std" not in set(load_run(tmp_path / "below").events[C.EVENT_KIND])
+
+
+def test_adapters_take_the_monitor_s_requests_through_methods(tmp_path: Any) -> None:
+    collapse = Alert(1, "collapse", "critical", "grad norm surge", {})
+    monitor = LLDMonitor(
+        tmp_path / "run",
+        detector=_ScriptedDetector({1: [collapse]}),
+        checkpoint_on_collapse=True,
+        strict=True,
+    )
+    assert not monitor.take_save_request()
+    monitor.end_step(step=0)
+    monitor.end_step(step=1)
+    assert monitor.take_save_request() and not monitor.take_save_request()  # once per request
+    monitor.set_llds_reuse_problem("num_iterations=1: every update sees a fresh batch")
+    with pytest.warns(UserWarning, match="fresh batch"):
+        monitor.llds.enable(0.2, reason="test")
+    monitor.close()
