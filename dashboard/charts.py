@@ -1,4 +1,4 @@
-"""The dashboard's figures: the one chart definition of ``lld_monitor.charts``, re-exported.
+"""The dashboard's figures: the one chart definition of ``lld_monitor.report.charts``, re-exported.
 
 The HTML report (``lld_monitor.report``) draws the same figure; nothing about what a run's charts
 are is defined here.
@@ -6,7 +6,7 @@ are is defined here.
 
 from __future__ import annotations
 
-from lld_monitor.charts import (
+from lld_monitor.report.charts import (
     DEFAULT_MAX_POINTS,
     MARKER_SYMBOLS,
     MAX_EVENT_LINES,

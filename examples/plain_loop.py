@@ -26,7 +26,7 @@ import torch
 
 from lld_monitor import LLDMonitor, LLDSConfig
 from lld_monitor import columns as C
-from lld_monitor.tiny import build_tiny_model, build_tokenizer
+from lld_monitor.toy.tiny import build_tiny_model, build_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

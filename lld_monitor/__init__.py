@@ -63,6 +63,7 @@ _EXPORTS: dict[str, str] = {
     "ImportFormatError": "lld_monitor.importers",
     # monitor (torch; trainers imported only on attach)
     "LLDMonitor": "lld_monitor.monitor",
+    "MonitorConfig": "lld_monitor.monitor",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]

@@ -1,8 +1,8 @@
 """Where step rows and alerts go besides the run log: console, run event log, W&B, a webhook.
 
-Every sink has ``log_row(step, row)``, ``alert(alert)`` and ``close()`` (the ``Sink`` protocol);
-``BaseSink`` adds ``log_step(row)`` and ``log_event(event)`` as the monitor calls them. No torch
-here; wandb is imported only when a ``WandbSink`` first needs it.
+Every sink subclasses :class:`Sink`, whose hooks (``log_row(step, row)``, ``log_event(event)``,
+``alert(alert)``, ``close()``) do nothing until overridden; the monitor's dispatcher calls them.
+No torch here; wandb is imported only when a ``WandbSink`` first needs it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from lld_monitor import columns as C
 from lld_monitor.events import Alert
@@ -50,17 +50,6 @@ _SUMMARY_COLUMNS = (
     C.ENTROPY,
     C.LLDS_ENABLED,
 )
-
-
-@runtime_checkable
-class Sink(Protocol):
-    """What the monitor (or a hand-written loop) feeds: step rows, alerts, and a final close."""
-
-    def log_row(self, step: int, row: Mapping[str, Any]) -> None: ...
-
-    def alert(self, alert: Alert) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def _check_severity(name: str, value: str) -> str:
@@ -98,26 +87,34 @@ def _number(value: Any) -> float | int | None:
     return None
 
 
-class BaseSink:
-    """No-op defaults plus the monitor's call shapes: ``log_step(row)`` and ``log_event(event)``."""
+class Sink:
+    """Base class of every sink: no-op hooks that the monitor's dispatcher calls, on rank 0.
+
+    As transformers' ``TrainerCallback``: subclass and override the hooks you need. The
+    dispatcher calls ``log_row(step, row)`` once per step row, ``log_event(event)`` once per
+    event the monitor records (alerts, phase changes, interventions, errors, lifecycle; not the
+    run log's own start/end markers), ``alert(alert)`` once per alert, and ``close()`` at the
+    end. A sink that raises is reported and skipped (the monitor's failure policy); it never
+    stops the run.
+    """
 
     def log_row(self, step: int, row: Mapping[str, Any]) -> None:
-        """One step's row (canonical columns; ``step`` may or may not be in ``row``)."""
+        """One step's row (canonical columns; ``row[C.STEP] == step``)."""
 
     def alert(self, alert: Alert) -> None:
-        """One alert from the detector."""
+        """One alert from the detector (its ``alert`` event comes through ``log_event`` too)."""
 
     def log_event(self, event: Mapping[str, Any]) -> None:
-        """A phase change, intervention or error event; alert events are ignored (see ``alert``)."""
+        """Every event; by default phase/intervention/error events go to ``report_event``."""
         as_alert = _event_alert(event)
         if as_alert is not None:
             self.report_event(as_alert, str(event.get(C.EVENT_TYPE)))
 
     def report_event(self, event: Alert, event_type: str) -> None:
-        """Subclass hook for non-alert events, already shaped as an Alert."""
+        """Hook for a phase change, intervention or error event, already shaped as an Alert."""
 
     def log_step(self, row: Mapping[str, Any]) -> None:
-        """``log_row`` with the step taken from the row (the monitor's call)."""
+        """``log_row`` with the step taken from the row (for hand-written loops)."""
         if C.STEP not in row:
             raise ValueError(f"log_step needs a {C.STEP!r} key in the row")
         self.log_row(int(row[C.STEP]), row)
@@ -126,7 +123,11 @@ class BaseSink:
         """Flush whatever is pending."""
 
 
-class ConsoleSink(BaseSink):
+#: The former name of :class:`Sink` (kept for one release).
+BaseSink = Sink
+
+
+class ConsoleSink(Sink):
     """Alerts and events to the ``lld_monitor`` logger; optionally a step summary every N steps.
 
     When logging is not set up (no handler on the logger or its ancestors), the lines go to
@@ -182,7 +183,7 @@ class ConsoleSink(BaseSink):
         )
 
 
-class RunLogSink(BaseSink):
+class RunLogSink(Sink):
     """Alerts (and reported events) into a run's ``events.jsonl``; rows too if ``log_rows``.
 
     For hand-written loops that run a ``PhaseDetector`` themselves. ``LLDMonitor`` writes its own
@@ -208,7 +209,7 @@ class RunLogSink(BaseSink):
         """Leaves the writer open: its owner closes it."""
 
 
-class WandbSink(BaseSink):
+class WandbSink(Sink):
     """Step columns to a W&B run under ``prefix``; alerts as ``run.alert`` (W&B emails/Slack).
 
     ``step_mode="metric"`` (default) logs ``{prefix}step`` as the x-axis of the ``{prefix}*``
@@ -291,7 +292,7 @@ class WandbSink(BaseSink):
         )
 
 
-class WebhookSink(BaseSink):
+class WebhookSink(Sink):
     """Alerts as Slack-compatible JSON ``{"text": ...}`` POSTs; deduplicated, rate-limited, safe.
 
     An alert whose (kind, severity) was sent less than ``min_interval_s`` ago is dropped (counted

@@ -305,8 +305,8 @@ def detector_commit() -> str:
     detector = [
         "--",
         "lld_monitor/analysis",
-        "lld_monitor/commands/analyze.py",
-        "lld_monitor/cli.py",
+        "lld_monitor/cli/analyze.py",
+        "lld_monitor/cli/__init__.py",
     ]
 
     def git(*a: str) -> str:

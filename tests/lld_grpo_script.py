@@ -31,7 +31,7 @@ def reward_length(completions: list[str], **kwargs: Any) -> list[float]:
 
 
 def build_tokenizer() -> Any:
-    from lld_monitor.tiny import build_tokenizer as build
+    from lld_monitor.toy.tiny import build_tokenizer as build
 
     return build(PROMPTS + [" ".join(WORDS)] * 4, vocab_size=64)
 
@@ -51,7 +51,7 @@ def make_grpo_trainer(
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from lld_monitor.tiny import build_tiny_model
+    from lld_monitor.toy.tiny import build_tiny_model
 
     tok = build_tokenizer()
     model = build_tiny_model(tok, hidden_size=hidden_size, num_layers=num_layers, seed=seed)
@@ -115,7 +115,7 @@ def main(out_dir: str, mode: str = "ok") -> None:
     from transformers import TrainerCallback
 
     from lld_monitor import LLDMonitor
-    from lld_monitor.step_metrics import StepMetrics
+    from lld_monitor.monitor.step_metrics import StepMetrics
 
     out = Path(out_dir)
     dumps: list[dict[str, Any]] = []

@@ -35,9 +35,104 @@ COLLAPSE = Alert(90, "collapse", "critical", "grad_norm 12x its median", {"ratio
 INFO = Alert(50, "phase", "info", "phase decay -> healthy", {})
 
 
-def test_every_sink_satisfies_the_protocol() -> None:
+def test_every_sink_is_a_sink() -> None:
     for sink in (ConsoleSink(), RunLogSink(writer=None), WandbSink(), BaseSink()):  # type: ignore[arg-type]
         assert isinstance(sink, Sink)
+    assert BaseSink is Sink  # the former name, kept for one release
+
+
+class _Recorder(Sink):
+    """A user-written sink: overrides the documented hooks and records every call in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def log_row(self, step: int, row: Any) -> None:
+        self.calls.append(("row", (step, row[C.STEP], row.get("custom"))))
+
+    def log_event(self, event: Any) -> None:
+        self.calls.append(("event", (event[C.EVENT_TYPE], event[C.EVENT_KIND])))
+
+    def alert(self, alert: Alert) -> None:
+        self.calls.append(("alert", (alert.step, alert.kind)))
+
+    def close(self) -> None:
+        self.calls.append(("close", None))
+
+
+class _Scripted:
+    def __init__(self, script: dict[int, list[Alert]]) -> None:
+        self.script, self.phase = script, "healthy"
+
+    def update(self, row: dict[str, Any]) -> list[Alert]:
+        return self.script.get(int(row[C.STEP]), [])
+
+
+def test_a_user_sink_gets_every_row_event_and_alert(tmp_path: Path) -> None:
+    from lld_monitor.monitor import LLDMonitor
+
+    decay = Alert(1, "decay", "warning", "correct likelihood falling", {"slope": -0.1})
+    rec = _Recorder()
+    monitor = LLDMonitor(
+        tmp_path / "run",
+        sinks=[rec],
+        detector=_Scripted({1: [decay]}),
+        auto_llds=True,
+        strict=True,
+    )
+    for step in range(3):
+        monitor.end_step(step=step, custom=float(step))
+    monitor.close()
+    run = load_run(tmp_path / "run")
+    assert [c for c in rec.calls if c[0] == "row"] == [
+        ("row", (s, s, float(s))) for s in run.steps[C.STEP]
+    ]
+    assert len(run.steps) == 3
+    # every event the run log holds, in the same order, and nothing else, but the run log's own
+    # start/end markers (RunWriter writes them; a sink has close() for the end)
+    logged = list(zip(run.events[C.EVENT_TYPE], run.events[C.EVENT_KIND], strict=True))
+    assert logged[0] == ("lifecycle", "start") and logged[-1] == ("lifecycle", "end")
+    logged = logged[1:-1]
+    assert [c[1] for c in rec.calls if c[0] == "event"] == logged
+    assert ("alert", "decay") in logged and ("intervention", "llds_enable") in logged
+    assert [c for c in rec.calls if c[0] == "alert"] == [("alert", (1, "decay"))]
+    assert rec.calls[-1] == ("close", None)
+    # rows, events and the alert arrive in the order they happened
+    assert [c[0] for c in rec.calls] == [
+        "event",
+        "row",
+        "row",
+        "event",
+        "alert",
+        "event",
+        "row",
+        "close",
+    ]
+
+
+def test_duck_typed_sinks_get_rows_through_the_hook_they_have(tmp_path: Path) -> None:
+    from lld_monitor.monitor import LLDMonitor
+
+    class Legacy:  # duck-typed, no Sink base: the dispatcher calls the hooks it has
+        def __init__(self) -> None:
+            self.steps: list[int] = []
+
+        def log_step(self, row: Any) -> None:
+            self.steps.append(int(row[C.STEP]))
+
+    class RowsOnly:  # duck-typed with the documented hook only (got zero rows before issue 19)
+        def __init__(self) -> None:
+            self.steps: list[int] = []
+
+        def log_row(self, step: int, row: Any) -> None:
+            self.steps.append(step)
+
+    legacy, rows_only = Legacy(), RowsOnly()
+    monitor = LLDMonitor(tmp_path / "run", sinks=[legacy, rows_only], detector=None, strict=True)
+    monitor.end_step(step=0)
+    monitor.end_step(step=1)
+    monitor.close()
+    assert legacy.steps == [0, 1] and rows_only.steps == [0, 1]
 
 
 # --- console ------------------------------------------------------------------------------------

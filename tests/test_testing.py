@@ -135,7 +135,8 @@ def test_suite_composition_and_disjoint_seeds():
 
 
 def test_write_suite_round_trips_through_the_run_log(tmp_path):
-    runlog = pytest.importorskip("lld_monitor.runlog")
+    from lld_monitor import runlog
+
     runs = make_suite(3, seed=3, kinds=("collapse", "healthy"))
     paths = write_suite(runs, tmp_path)
     for run, path in zip(runs, paths):

@@ -483,7 +483,7 @@ def _actor_update_main(out_path: str) -> None:
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
-    from lld_monitor.tiny import build_tiny_model, build_tokenizer
+    from lld_monitor.toy.tiny import build_tiny_model, build_tokenizer
 
     model_dir = tempfile.mkdtemp()
     tok = build_tokenizer(["the cat sat on the mat search answer info"] * 4)

@@ -82,7 +82,7 @@ def main(out: Path) -> None:
 
     from lld_monitor import LLDSConfig
     from lld_monitor.integrations.verl_live import FlightRecorder, VerlLiveMonitor
-    from lld_monitor.tiny import build_tiny_model, build_tokenizer
+    from lld_monitor.toy.tiny import build_tiny_model, build_tokenizer
 
     run_dir = out / "run"
     control = "lld_monitor_llds:test"

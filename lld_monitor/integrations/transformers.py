@@ -340,9 +340,8 @@ class TrainerAdapter:
         """Copy the monitor's stop/checkpoint decisions into the Trainer's ``control``."""
         if self.monitor.should_stop:
             control.should_training_stop = True
-        if self.monitor.should_save:
+        if self.monitor.take_save_request():
             control.should_save = True
-            self.monitor.should_save = False
         return control
 
 

@@ -1,7 +1,7 @@
 """Adapter for TRL's ``GRPOTrainer``: the ONLY module that touches GRPOTrainer's private internals.
 
 What it wraps (instance attributes, restored by ``uninstall``), checked against the tested TRL
-range at attach and by tests/test_trl_integration.py::test_trl_internals_unchanged:
+range at attach and by tests/integrations/test_trl.py::test_trl_internals_unchanged:
 
 - ``_calculate_rewards``: the raw rewards per reward function (they never reach the loss).
 - ``_generate_and_score_completions``: tags each generation batch with its rewards, the valid
@@ -275,8 +275,12 @@ class GRPOAdapter(TrainerAdapter):
                 "so the adapter can call them as GRPOTrainer does."
             )
         args = self.trainer.args
-        self.monitor.reuse_warning = llds_reuse_problem(
-            self.trainer.num_iterations, args.steps_per_generation, args.gradient_accumulation_steps
+        self.monitor.set_llds_reuse_problem(
+            llds_reuse_problem(
+                self.trainer.num_iterations,
+                args.steps_per_generation,
+                args.gradient_accumulation_steps,
+            )
         )
         self._check_dropout()
         names = list(self.trainer.reward_func_names)
@@ -573,7 +577,8 @@ class GRPOAdapter(TrainerAdapter):
         Which batches are finished is the same on every rank (:func:`finished_generations`). The
         ranks then agree that each prepared its probe (one small all_reduce) before any forward:
         under ZeRO-3/FSDP the forward is a collective, so a rank must not skip it alone. A failure
-        inside the forward is a :class:`~lld_monitor.failure.CollectiveError` on several ranks.
+        inside the forward is a
+        :class:`~lld_monitor.monitor.failure.CollectiveError` on several ranks.
         """
         tr = self.trainer
         done = finished_generations(

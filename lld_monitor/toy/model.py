@@ -1,9 +1,9 @@
-"""Tokenizer and tiny policy for the toy task, built in-process through ``lld_monitor.tiny``."""
+"""Tokenizer and tiny policy for the toy task, built in-process through ``lld_monitor.toy.tiny``."""
 
 from __future__ import annotations
 
-from lld_monitor.tiny import DEFAULT_SPECIAL_TOKENS, build_tiny_model, build_tokenizer
 from lld_monitor.toy.task import ANSWER_CLOSE, TAGS, KnowledgeBase
+from lld_monitor.toy.tiny import DEFAULT_SPECIAL_TOKENS, build_tiny_model, build_tokenizer
 
 FILLER_PREFIX = "zz"
 

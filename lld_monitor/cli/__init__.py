@@ -1,0 +1,55 @@
+"""The ``lld-monitor`` command line: one subcommand per module, imported only when used."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# subcommand -> (module, one-line help). Each module defines
+#   add_arguments(parser: argparse.ArgumentParser) -> None
+#   run(args: argparse.Namespace) -> int   (the exit code)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "analyze": ("lld_monitor.cli.analyze", "analyze a logged run (ours or a foreign log)"),
+    "eval": ("lld_monitor.cli.evaluate", "score the detector on a folder of labelled runs"),
+    "simulate": ("lld_monitor.cli.simulate", "write labelled simulated runs (clearly marked)"),
+    "dashboard": ("lld_monitor.cli.dashboard", "open the live dashboard (127.0.0.1)"),
+    "demo": ("lld_monitor.cli.demo", "train the toy tool-using GRPO run with the monitor"),
+    "selfcheck": ("lld_monitor.cli.selfcheck", "check the install: metrics, LLDS, run log"),
+}
+
+
+def _load(name: str):
+    return importlib.import_module(SUBCOMMANDS[name][0])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from lld_monitor import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="lld-monitor",
+        description="Diagnose the Lazy Likelihood Displacement death spiral in GRPO training.",
+    )
+    parser.add_argument("--version", action="version", version=f"lld-monitor {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        try:
+            _load(name).add_arguments(p)
+        except ImportError as exc:  # a subcommand whose optional module is missing
+            p.set_defaults(_unavailable=str(exc))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    unavailable = getattr(args, "_unavailable", None)
+    if unavailable:
+        print(f"lld-monitor {args.command}: not available: {unavailable}", file=sys.stderr)
+        return 2
+    return int(_load(args.command).run(args) or 0)

@@ -1,0 +1,180 @@
+"""What every format reader shares: the error it raises, the file head it sniffs, its base class.
+
+A format is one small class (``formats.py``) with ``sniff(head) -> bool`` (is this file mine?)
+and ``read(path) -> (frame, step_source)``; ``Head`` reads and parses a file's start at most once,
+whichever formats look at it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pandas as pd
+
+#: Files larger than this are sniffed from their first ``SNIFF_BYTES`` by ``detect_format``.
+SNIFF_BYTES = 1 << 20
+
+_EXPECTED = (
+    "expected an lld_monitor run folder, a CSV/Parquet/JSONL table, a TRL trainer_state.json or "
+    "log_history JSON, a console/notebook log with TRL metric dicts, a W&B history CSV, a "
+    "TensorBoard event folder, or a verl console/file log"
+)
+
+_NOT_JSON = object()  # Head.json_doc when the text does not parse as one JSON document
+
+
+class ImportFormatError(ValueError):
+    """The file is unreadable or in no format ``load_table`` knows; the message is one line."""
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+class _Lines(list):  # type: ignore[type-arg]
+    """Records parsed from JSON lines, and the numbers of the lines that were not JSON objects."""
+
+    skipped: tuple[int, ...] = ()
+
+
+class Head:
+    """The start of one file as the formats sniff it, each view parsed once on first use.
+
+    ``complete``: the whole file (``load_table``; the sniffing is exact); else its first
+    ``SNIFF_BYTES`` (``detect_format`` on a large file: the same rules on the start alone).
+    """
+
+    def __init__(self, path: Path, *, complete: bool) -> None:
+        self.path = path
+        self.complete = complete
+
+    @functools.cached_property
+    def magic(self) -> bytes:
+        """The first four bytes (``PAR1`` for Parquet)."""
+        return self.raw[:4] if not self.complete else self._read_bytes(4)
+
+    @functools.cached_property
+    def raw(self) -> bytes:
+        """The first ``SNIFF_BYTES`` (a partial head only)."""
+        return self._read_bytes(SNIFF_BYTES)
+
+    def _read_bytes(self, n: int) -> bytes:
+        try:
+            with self.path.open("rb") as fh:
+                return fh.read(n)
+        except OSError as exc:
+            raise ImportFormatError(
+                f"{self.path}: cannot read ({_one_line(exc)}); {_EXPECTED}"
+            ) from exc
+
+    @functools.cached_property
+    def text(self) -> str:
+        """The text (a partial head: stripped of leading blanks); binary or empty: an error."""
+        if not self.complete:
+            if b"\x00" in self.raw[:4096]:
+                raise ImportFormatError(f"{self.path}: binary file of unknown format; {_EXPECTED}")
+            return self.raw.decode("utf-8", errors="replace").lstrip("\ufeff").lstrip()
+        try:
+            text = self.path.read_text(encoding="utf-8", errors="replace").lstrip("\ufeff")
+        except OSError as exc:
+            raise ImportFormatError(
+                f"{self.path}: cannot read ({_one_line(exc)}); {_EXPECTED}"
+            ) from exc
+        if "\x00" in text[:4096]:
+            raise ImportFormatError(f"{self.path}: binary file of unknown format; {_EXPECTED}")
+        if not text.lstrip():
+            raise ImportFormatError(f"{self.path}: empty file (nothing logged yet?); {_EXPECTED}")
+        return text
+
+    @functools.cached_property
+    def stripped(self) -> str:
+        return self.text.lstrip()
+
+    @functools.cached_property
+    def first_line(self) -> str:
+        """The first line (the CSV header, the first JSON line)."""
+        if self.complete:
+            return self.text.split("\n", 1)[0]
+        return self.text.split("\n", 1)[0].strip()
+
+    @functools.cached_property
+    def json_doc(self) -> Any:
+        """The whole text as one JSON document (complete heads), else ``_NOT_JSON``."""
+        if not self.complete or self.stripped[:1] not in ("[", "{"):
+            return _NOT_JSON
+        try:
+            return json.loads(self.stripped)
+        except json.JSONDecodeError:
+            return _NOT_JSON
+
+    @functools.cached_property
+    def doc_records(self) -> list[dict[str, Any]] | None:
+        """The JSON document as records: a list of dicts, or one dict as a one-line JSONL."""
+        doc = self.json_doc
+        if isinstance(doc, dict):
+            return [doc]
+        if isinstance(doc, list) and doc and all(isinstance(r, dict) for r in doc):
+            return doc
+        return None
+
+    @functools.cached_property
+    def line_records(self) -> _Lines | None:
+        """JSON lines (when the text is no JSON document): the dict records, lines skipped."""
+        if self.json_doc is not _NOT_JSON or not self.complete:
+            return None
+        if self.stripped[:1] not in ("[", "{"):
+            return None
+        records = _Lines()
+        skipped: list[int] = []
+        for number, line in enumerate(self.stripped.splitlines(), start=1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                skipped.append(number)  # a torn last line or a stray print: skipped and counted
+                continue
+            if isinstance(rec, dict):
+                records.append(rec)
+            else:
+                skipped.append(number)
+        if not records:
+            return None
+        records.skipped = tuple(skipped)
+        return records
+
+    @property
+    def records(self) -> list[dict[str, Any]] | None:
+        """The JSON records, from the document or else from its lines."""
+        recs = self.doc_records
+        return recs if recs is not None else self.line_records
+
+    @functools.cached_property
+    def first_record(self) -> Any:
+        """The first line parsed as JSON (a partial head's JSONL test); None if it is not JSON."""
+        try:
+            return json.loads(self.first_line)
+        except json.JSONDecodeError:
+            return None
+
+
+class Format:
+    """One log format: ``sniff(head)`` says whether a file is in it, ``read`` reads it.
+
+    ``read(path, head)`` returns the raw metric table (foreign names; ``canonicalize`` maps them)
+    and its ``step_source``. Folder formats sniff a folder (``sniff_folder``), file formats a
+    ``Head``.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+
+    def sniff(self, head: Head) -> bool:
+        return False
+
+    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+        raise NotImplementedError

@@ -1,0 +1,512 @@
+"""The format readers: one small class per format, one registry, one detection path.
+
+``detect(path)`` tries the folder rules, then every registered format's ``sniff(head)`` in
+registry order; the first that says yes reads the file. ``load_table`` (the one "open any run"
+entry point: the CLI, the analyzer and the dashboard call it) maps the result to canonical columns.
+No torch import here.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lld_monitor import columns as C
+from lld_monitor.importers.base import (
+    _EXPECTED,
+    SNIFF_BYTES,
+    Format,
+    Head,
+    ImportFormatError,
+    _one_line,
+)
+from lld_monitor.importers.names import FOREIGN_NAMES, _is_training_key, canonical_name
+from lld_monitor.importers.table import _frame, _skipped_lines_note, canonicalize
+from lld_monitor.importers.text import (
+    _ANSI_RE,
+    _VERL_LINE_RE,
+    _find_printed_dicts,
+    _is_summary,
+    _printed_dicts_at,
+    console_steps,
+    parse_verl_console,
+)
+
+_TB_NAME = "tfevents"
+
+# --- what the formats look at -------------------------------------------------------------------
+
+
+def _is_verl_record(rec: Mapping[str, Any]) -> bool:
+    return isinstance(rec.get("data"), dict) and "step" in rec
+
+
+def _is_stream_record(rec: Mapping[str, Any]) -> bool:
+    return ("stream_name" in rec or rec.get("output_type") == "stream" or "name" in rec) and (
+        isinstance(rec.get("data"), str) or isinstance(rec.get("text"), (str, list))
+    )
+
+
+def _stream_text(rec: Mapping[str, Any]) -> str:
+    data = rec.get("data", rec.get("text", ""))
+    return "".join(data) if isinstance(data, list) else str(data)
+
+
+def _notebook_text(doc: Mapping[str, Any]) -> str:
+    """All stream output text of an .ipynb, in cell order."""
+    parts: list[str] = []
+    for cell in doc.get("cells", []):
+        for out in cell.get("outputs", []) or []:
+            if out.get("output_type") == "stream":
+                parts.append(_stream_text(out))
+    return "".join(parts)
+
+
+def _is_run_dir(path: Path) -> bool:
+    try:
+        from lld_monitor.runlog import is_run_dir
+    except ImportError:
+        return (path / "meta.json").is_file() and (path / "steps.jsonl").is_file()
+    return bool(is_run_dir(path))
+
+
+def _csv_header(first_line: str) -> list[str] | None:
+    """The fields of a CSV/TSV header line naming at least one known metric, else None."""
+    first = first_line.strip()
+    sep = "\t" if first.count("\t") > first.count(",") else ","
+    fields = [f.strip().strip('"') for f in first.split(sep)]
+    if len(fields) < 2 or not all(fields):
+        return None
+    if not any(canonical_name(f) or " - " in f for f in fields):
+        return None
+    return fields
+
+
+def _csv_kind(fields: Sequence[str]) -> str:
+    """'wandb_csv' for W&B history/panel exports, else 'csv'."""
+    wandb = any(f in ("_step", "_timestamp", "_runtime") for f in fields) or any(
+        f.startswith("train/") or " - " in f for f in fields
+    )
+    return "wandb_csv" if wandb else "csv"
+
+
+def _sniff_csv(text: str) -> pd.DataFrame | None:
+    """The table when the first line is a CSV/TSV header naming a known metric, else None."""
+    first = text.split("\n", 1)[0]
+    if _csv_header(first) is None:
+        return None
+    sep = "\t" if first.count("\t") > first.count(",") else ","
+    try:
+        # only an empty cell is missing: a literal nan/inf stays text until canonicalize
+        # names it non-finite (C.NONFINITE)
+        return pd.read_csv(io.StringIO(text), sep=sep, keep_default_na=False, na_values=[""])
+    except (ValueError, csv.Error):
+        return None
+
+
+def _csv_fields(head: Head) -> list[str] | None:
+    """The header fields of a CSV/TSV naming a known metric (complete heads: it must parse)."""
+    if not head.complete:
+        return _csv_header(head.first_line)
+    table = _csv_table(head)
+    return None if table is None else [str(c) for c in table.columns]
+
+
+def _csv_table(head: Head) -> pd.DataFrame | None:
+    if "csv_table" not in head.__dict__:
+        head.__dict__["csv_table"] = _sniff_csv(head.text)
+    return head.__dict__["csv_table"]
+
+
+def _step_source(frame: pd.DataFrame) -> str:
+    """'logged' when a column maps to ``step``, else 'row_order' (canonicalize numbers rows)."""
+    return "logged" if any(canonical_name(c) == C.STEP for c in frame.columns) else "row_order"
+
+
+def _full(path: Path, head: Head | None) -> Head:
+    return head if head is not None and head.complete else Head(path, complete=True)
+
+
+def _read_records(records: Sequence[Mapping[str, Any]]) -> tuple[pd.DataFrame, str]:
+    frame = _frame(records)
+    frame.attrs["import_notes"] = _skipped_lines_note(records)
+    return frame, _step_source(frame)
+
+
+def _read_printed(text: str) -> tuple[pd.DataFrame, str]:
+    found = _printed_dicts_at(text)
+    training = [
+        (pos, d) for pos, d in found if not _is_summary(d) and any(map(_is_training_key, d))
+    ]
+    steps, source, how = console_steps(text, training)
+    rows = [{**d, C.STEP: step} for (_, d), step in zip(training, steps)]
+    frame = _frame(rows)
+    frame.attrs["step_note"] = how
+    return frame, source
+
+
+# --- the formats, in the order they are tried ---------------------------------------------------
+
+
+class LldRun(Format):
+    name = "lld_run"
+    description = "an lld_monitor run folder (meta.json + steps.jsonl)"
+
+    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+        from lld_monitor.runlog import RunFormatError, load_run
+
+        try:
+            run = load_run(path)
+        except RunFormatError as exc:
+            raise ImportFormatError(
+                f"{path}: cannot read this lld_monitor run folder ({_one_line(exc)})"
+            ) from exc
+        return run.steps.copy(), "logged"
+
+
+class TensorBoard(Format):
+    name = "tensorboard"
+    description = "a TensorBoard event folder or events.out.tfevents.* file"
+
+    def sniff(self, head: Head) -> bool:
+        return _TB_NAME in head.path.name
+
+    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        files = [path] if path.is_file() else sorted(p for p in path.rglob(f"*{_TB_NAME}*"))
+        values: dict[int, dict[str, float]] = {}
+        times: dict[int, float] = {}
+        for f in files:
+            acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
+            acc.Reload()
+            for tag in acc.Tags().get("scalars", []):
+                for ev in acc.Scalars(tag):
+                    values.setdefault(int(ev.step), {})[tag] = float(ev.value)
+                    times[int(ev.step)] = max(times.get(int(ev.step), 0.0), float(ev.wall_time))
+        if not values:
+            raise ImportFormatError(f"{path}: TensorBoard events hold no scalars")
+        rows = [{**v, C.STEP: s, "wall_time": times[s]} for s, v in sorted(values.items())]
+        return _frame(rows), "logged"
+
+
+class Parquet(Format):
+    name = "parquet"
+    description = "a Parquet table with canonical column names"
+
+    def sniff(self, head: Head) -> bool:
+        return head.magic == b"PAR1"
+
+    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+        frame = pd.read_parquet(path)
+        return frame, _step_source(frame)
+
+
+class TrlTrainerState(Format):
+    name = "trl_trainer_state"
+    description = "a TRL/transformers trainer_state.json (log_history)"
+
+    def sniff(self, head: Head) -> bool:
+        if not head.complete:
+            return head.text[:1] == "{" and '"log_history"' in head.text
+        doc = head.json_doc
+        return isinstance(doc, dict) and isinstance(doc.get("log_history"), list)
+
+    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+        return _read_records(_full(path, head).json_doc["log_history"])
+
+
+class NotebookLog(Format):
+    name = "notebook_log"
+    description = "a notebook stream log or .ipynb with TRL's printed metric dicts"
+
+    def sniff(self, head: Head) -> bool:
+        if not head.complete:
+            text = head.text
+            if text[:1] == "{":
+                return '"cells"' in text and '"nbformat"' in text
+            return text[:1] == "[" and ('"stream_name"' in text or '"output_type"' in text)
+        doc = head.json_doc
+        if isinstance(doc, dict) and isinstance(doc.get("cells"), list):
+            return True
+        return head.doc_records is not None and any(map(_is_stream_record, head.doc_records))
+
+    def text(self, head: Head) -> str:
+        """The notebook's stream output, in cell order: the console log it holds."""
+        doc = head.json_doc
+        if isinstance(doc, dict) and isinstance(doc.get("cells"), list):
+            return _notebook_text(doc)
+        return "".join(_stream_text(r) for r in head.doc_records or [])
+
+    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+        return _read_printed(self.text(_full(path, head)))
+
+
+class VerlJsonl(Format):
+    name = "verl_jsonl"
+    description = 'a verl file-logger JSONL ({"step": ..., "data": {...}} per line)'
+
+    def sniff(self, head: Head) -> bool:
+        if not head.complete:
+            rec = head.first_record if head.text[:1] == "{" else None
+            return isinstance(rec, dict) and _is_verl_record(rec)
+        records = head.records
+        return bool(records) and all(map(_is_verl_record, records))
+
+    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+        records = _full(path, head).records or []
+        rows = [{**dict(r["data"]), C.STEP: r["step"]} for r in records]
+        frame = _frame(rows)
+        frame.attrs["import_notes"] = _skipped_lines_note(records)
+        return frame, "logged"
+
+
+class LogHistory(Format):
+    name = "log_history"
+    description = "a JSON list of log_history-style metric dicts"
+
+    def sniff(self, head: Head) -> bool:
+        if not head.complete:
+            return head.text[:1] == "["
+        return head.doc_records is not None and head.stripped.startswith("[")
+
+    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+        return _read_records(_full(path, head).records or [])
+
+
+class Jsonl(Format):
+    name = "jsonl"
+    description = "a JSONL table with canonical column names"
+
+    def sniff(self, head: Head) -> bool:
+        if not head.complete:
+            return head.text[:1] == "{" and isinstance(head.first_record, dict)
+        return head.records is not None
+
+    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+        return _read_records(_full(path, head).records or [])
+
+
+class VerlConsole(Format):
+    name = "verl_console"
+    description = "a verl console log (step:N - actor/grad_norm:... lines)"
+
+    def sniff(self, head: Head) -> bool:
+        text = head.text
+        return "step:" in text and _VERL_LINE_RE.search(_ANSI_RE.sub("", text)) is not None
+
+    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+        return _frame(parse_verl_console(_full(path, head).text)), "logged"
+
+
+class TrlConsole(Format):
+    name = "trl_console"
+    description = "a console log or terminal capture with TRL's printed metric dicts"
+
+    def sniff(self, head: Head) -> bool:
+        return bool(_find_printed_dicts(head.text))
+
+    def text(self, head: Head) -> str:
+        return head.text
+
+    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+        return _read_printed(self.text(_full(path, head)))
+
+
+class WandbCsv(Format):
+    name = "wandb_csv"
+    description = "a W&B history export (CSV with _step, train/reward, ...)"
+
+    def sniff(self, head: Head) -> bool:
+        fields = _csv_fields(head)
+        return fields is not None and _csv_kind(fields) == self.name
+
+    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+        """W&B history export; a panel export ("Step", "<run> - <metric>", "__MIN/__MAX") too."""
+        table = _csv_table(_full(path, head))
+        if table is None:
+            raise ImportFormatError(f"{path}: not a CSV table with a known metric")
+        renamed = {}
+        for col in table.columns:
+            name = str(col)
+            if name.endswith(("__MIN", "__MAX")):
+                continue
+            if " - " in name:
+                name = name.split(" - ", 1)[1]
+            renamed[col] = name
+        table = table[list(renamed)].rename(columns=renamed)
+        return table.loc[:, ~table.columns.duplicated()], "logged"
+
+
+class Csv(Format):
+    name = "csv"
+    description = "a CSV table with canonical column names"
+
+    def sniff(self, head: Head) -> bool:
+        fields = _csv_fields(head)
+        return fields is not None and _csv_kind(fields) == self.name
+
+    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+        table = _csv_table(_full(path, head))
+        if table is None:
+            raise ImportFormatError(f"{path}: not a CSV table with a known metric")
+        return table, _step_source(table)
+
+
+#: Every format, in the order of ``FORMATS`` (register a new one here and in ``_SNIFF_ORDER``).
+REGISTRY: tuple[Format, ...] = (
+    LldRun(),
+    TensorBoard(),
+    Parquet(),
+    TrlTrainerState(),
+    LogHistory(),
+    NotebookLog(),
+    VerlJsonl(),
+    Jsonl(),
+    VerlConsole(),
+    TrlConsole(),
+    WandbCsv(),
+    Csv(),
+)
+_BY_NAME: dict[str, Format] = {f.name: f for f in REGISTRY}
+#: The order ``detect`` sniffs a file in (the first format that says yes reads it): the binary
+#: formats, the JSON ones (most specific first), CSV, the console logs last.
+_SNIFF_ORDER: tuple[str, ...] = (
+    "tensorboard",
+    "parquet",
+    "trl_trainer_state",
+    "notebook_log",
+    "verl_jsonl",
+    "log_history",
+    "jsonl",
+    "wandb_csv",
+    "csv",
+    "verl_console",
+    "trl_console",
+)
+
+#: format name -> what it is (the names ``detect_format`` returns).
+FORMATS: dict[str, str] = {f.name: f.description for f in REGISTRY}
+
+
+def reader(name: str) -> Format:
+    """The registered format called ``name`` (a ``FORMATS`` key)."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"format must be one of {sorted(_BY_NAME)}, got {name!r}") from None
+
+
+# --- detection ----------------------------------------------------------------------------------
+
+
+def detect(path: Path, *, complete: bool = True) -> tuple[Format, Head | None]:
+    """(format, the head it was sniffed from; None for a folder) of ``path``.
+
+    ``complete=False`` sniffs a file from its first ``SNIFF_BYTES`` only. Raises
+    ImportFormatError, saying what was expected.
+    """
+    if not path.exists():
+        raise ImportFormatError(f"{path}: no such file or folder; {_EXPECTED}")
+    if path.is_dir():
+        return _detect_folder(path)
+    head = Head(path, complete=complete)
+    for name in _SNIFF_ORDER:
+        if _BY_NAME[name].sniff(head):
+            return _BY_NAME[name], head
+    where = "" if complete else " (from its first MiB)"
+    raise ImportFormatError(f"{path}: unknown format{where}; {_EXPECTED}")
+
+
+def _detect_folder(path: Path) -> tuple[Format, Head | None]:
+    if _is_run_dir(path):
+        return _BY_NAME["lld_run"], None
+    if any(_TB_NAME in p.name for p in path.rglob("*") if p.is_file()):
+        return _BY_NAME["tensorboard"], None
+    state = path / "trainer_state.json"
+    if state.is_file():
+        return detect(state)
+    if (path / "meta.json").is_file():  # a run without steps.jsonl: load_run says what is amiss
+        return _BY_NAME["lld_run"], None
+    if (path / "steps.jsonl").is_file():
+        raise ImportFormatError(
+            f"{path}: holds steps.jsonl but no meta.json, so it is not a complete lld_monitor "
+            f"run folder (meta.json is written first; was it deleted or not copied?); read "
+            f"the step log alone with `lld-monitor analyze {path / 'steps.jsonl'}`"
+        )
+    from lld_monitor.runlog import find_runs
+
+    runs = find_runs(path)
+    if runs:
+        raise ImportFormatError(
+            f"{path}: a folder of {len(runs)} runs, not one run; pass one of them "
+            f"(e.g. {runs[0]}), or view them all with `lld-monitor dashboard {path}`"
+        )
+    raise ImportFormatError(
+        f"{path}: folder holds no run log, TensorBoard events or trainer_state.json; {_EXPECTED}"
+    )
+
+
+# --- public API ---------------------------------------------------------------------------------
+
+
+def detect_format(path: str | Path) -> str:
+    """Name of the format of ``path`` (a key of ``FORMATS``), from its content.
+
+    Files up to ``SNIFF_BYTES`` are detected exactly as ``load_table`` does; larger ones from
+    their first ``SNIFF_BYTES`` (cheap enough to list a folder of growing logs).
+    """
+    path = Path(path)
+    partial = path.is_file() and _TB_NAME not in path.name and path.stat().st_size > SNIFF_BYTES
+    fmt, _ = detect(path, complete=not partial)
+    return fmt.name
+
+
+def load_table(path: str | Path) -> pd.DataFrame:
+    """Load a logged run as a numeric DataFrame of canonical columns, sorted by ``step``.
+
+    The one entry point for opening any run, ours or foreign. ``df.attrs``: ``source_format``
+    (a ``FORMATS`` key), ``unmapped_columns`` (foreign names not mapped), ``step_source`` (where
+    ``step`` came from: ``logged``, ``progress_bar``, ``epoch``, ``logging_steps`` or
+    ``row_order``), ``step_note`` (the same as a sentence), ``import_notes`` (cells, lines and
+    rows dropped or changed, counted), ``source_path``.
+    """
+    path = Path(path)
+    fmt, head = detect(path)
+    try:
+        frame, step_source = fmt.read(path, head)
+    except ImportFormatError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise ImportFormatError(
+            f"{path}: looked like {fmt.description} but could not be read ({_one_line(exc)})"
+        ) from exc
+    df, unmapped = canonicalize(frame)
+    if df.empty:
+        raise ImportFormatError(
+            f"{path}: read as {fmt.description} but found no training rows with a known metric "
+            f"({', '.join(sorted(FOREIGN_NAMES[C.REWARD_MEAN]))}, grad_norm, loss, ...)"
+        )
+    df.attrs["source_format"] = fmt.name
+    df.attrs["unmapped_columns"] = unmapped
+    df.attrs["step_source"] = step_source
+    df.attrs["step_note"] = frame.attrs.get("step_note") or _STEP_NOTES.get(step_source, "")
+    df.attrs["import_notes"] = [
+        *frame.attrs.get("import_notes", []),
+        *df.attrs.get("import_notes", []),
+    ]
+    df.attrs["source_path"] = str(path)
+    return df
+
+
+#: ``step_source`` -> how the steps were found, for tables (console logs say more).
+_STEP_NOTES = {
+    "logged": "step from the log's own step column",
+    "row_order": "no step column: the rows are numbered 1, 2, 3, ...",
+}

@@ -1,0 +1,235 @@
+"""Text parsers: TRL's printed metric dicts, verl's console lines, and the steps of a console log.
+
+No torch, no pandas: strings in, dicts and step numbers out.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lld_monitor import columns as C
+from lld_monitor.importers.names import _LOOKUP
+
+_PRINTED_DICT_RE = re.compile(r"\{'[^{}\n]*\}")
+
+
+_VERL_LINE_RE = re.compile(r"(?:^|[\s)\]])step:\d+ - [^\s:]+:\S", re.MULTILINE)
+
+
+_ITEM_RE = re.compile(
+    r"""'((?:[^'\\]|\\.)*)'\s*:\s*("""
+    r"""'(?:[^'\\]|\\.)*'"""  # a quoted value ('0.1476' in recent TRL)
+    r"""|[-+]?(?:nan|inf|\d[\d.]*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)"""
+    r"""|None|True|False"""
+    r"""|(?:tensor|np\.\w+|numpy\.\w+)\([^()]*\)"""  # tensor(0.31, device='cuda:0')
+    r""")\s*(?=,|\})"""
+)
+
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+_NUMBER_WRAPPER_RE = re.compile(r"^(?:np\.\w+|numpy\.\w+|tensor|float|int)\((.*?)(?:,.*)?\)$")
+
+
+def _printed_dicts_at(text: str) -> list[tuple[int, dict[str, Any]]]:
+    """Python dict reprs of metrics in ``text``, each with its offset in ``text``."""
+    found: list[tuple[int, dict[str, Any]]] = []
+    for m in _PRINTED_DICT_RE.finditer(text):
+        items = {k: _parse_value(v) for k, v in _ITEM_RE.findall(m.group(0))}
+        if items and (any(k in _LOOKUP for k in items) or _is_summary(items)):
+            found.append((m.start(), items))
+    return found
+
+
+def _find_printed_dicts(text: str) -> list[tuple[int | None, dict[str, Any]]]:
+    """Python dict reprs of metrics in ``text`` with the tqdm step printed before each (or None)."""
+    found = _printed_dicts_at(text)
+    if not found:
+        return []
+    steps = _bar_steps(text, [pos for pos, _ in found], None)
+    return [(step, items) for step, (_, items) in zip(steps, found)]
+
+
+def _is_summary(items: Mapping[str, Any]) -> bool:
+    return "train_runtime" in items or any(k.startswith("eval_") for k in items)
+
+
+def _parse_value(token: str) -> Any:
+    token = token.strip()
+    if token[:1] == "'":
+        token = ast.literal_eval(token) if "\\" in token else token[1:-1]
+    return token
+
+
+def parse_verl_console(text: str) -> list[dict[str, Any]]:
+    """verl console metric lines (``step:12 - actor/grad_norm:0.31 - ...``) as dicts with step."""
+    rows: list[dict[str, Any]] = []
+    for line in _ANSI_RE.sub("", text).splitlines():
+        i = line.find("step:")
+        while i > 0 and not line[i - 1].isspace() and line[i - 1] not in ")]":
+            i = line.find("step:", i + 1)
+        if i < 0:
+            continue
+        parts = line[i:].rstrip().split(" - ")
+        head = parts[0][len("step:") :].strip()
+        if not head.isdigit() or len(parts) < 2:
+            continue
+        row: dict[str, Any] = {C.STEP: int(head)}
+        for part in parts[1:]:
+            key, sep, value = part.rpartition(":")
+            if sep and key:
+                row[key.strip()] = _unwrap_number(value.strip())
+        if len(row) > 1:
+            rows.append(row)
+    return rows
+
+
+def _unwrap_number(value: str) -> str:
+    """``np.float64(0.3)`` / ``tensor(0.3)`` (pprint of numpy/torch scalars) -> ``0.3``."""
+    m = _NUMBER_WRAPPER_RE.match(value)
+    return m.group(1) if m else value
+
+
+# --- console-log steps ---------------------------------------------------------------------------
+
+_BAR_RE = re.compile(r"(?<![\d/])(\d+)/(\d+) \[")
+
+
+_TOTAL_STEPS_RE = re.compile(r"Total (?:optimization )?steps\s*=\s*([\d,]+)")
+
+
+_NUM_EPOCHS_RE = re.compile(
+    r"(?:Num Epochs\s*=\s*|num_train_epochs['\"]?\s*[=:]\s*)(\d+(?:\.\d+)?)"
+)
+
+
+_LOGGING_STEPS_RE = re.compile(r"\blogging_steps['\"]?\s*[=:]\s*(\d+)\b")
+
+#: ``step_source`` of a console log -> how its steps were found (the analysis says it).
+CONSOLE_STEP_SOURCES: dict[str, str] = {
+    "progress_bar": "the tqdm progress bar (N/TOTAL) printed before each metric dict",
+    "epoch": "each dict's epoch x steps per epoch (total steps / epochs, from the trainer banner)",
+    "logging_steps": "logging_steps from the log's configuration: dict k is step k x logging_steps",
+    "row_order": "nothing in the log says the step: the metric dicts are numbered 1, 2, 3, ...",
+}
+
+
+def console_steps(
+    text: str, training: Sequence[tuple[int, Mapping[str, Any]]]
+) -> tuple[list[int], str, str]:
+    """The training step of each printed metric dict of a console log, from what the log says.
+
+    ``training``: (offset in ``text``, dict) of the training dicts, in order. Returns (steps,
+    ``step_source``, a sentence saying how). Tried in order: the tqdm progress bar of training
+    (the bar with the most common total; bars of checkpoint loading are ignored), the dicts'
+    ``epoch`` times steps per epoch, ``logging_steps`` from a configuration line, row numbers.
+    A source is used only when it gives every dict a step and the steps strictly increase.
+    """
+    n = len(training)
+    total = _training_bar_total(text, [pos for pos, _ in training])
+    bars = _bar_steps(text, [pos for pos, _ in training], total)
+    if n and _increasing(bars):
+        return (
+            [int(b) for b in bars],
+            "progress_bar",
+            (f"step from {CONSOLE_STEP_SOURCES['progress_bar']} (N/{total})"),
+        )
+    per_epoch = _steps_per_epoch(text, total)
+    if n and per_epoch is not None:
+        epochs = [_as_float(d.get("epoch")) for _, d in training]
+        steps = [None if e is None else round(e * per_epoch) for e in epochs]
+        if _increasing(steps) and steps[0] > 0:
+            return (
+                [int(s) for s in steps],
+                "epoch",
+                (
+                    f"step from each dict's epoch x {per_epoch:g} steps per epoch "
+                    "(total steps / epochs, from the trainer banner)"
+                ),
+            )
+    every = _LOGGING_STEPS_RE.findall(text)
+    if n and every and int(every[0]) > 0:
+        k = int(every[0])
+        return (
+            [k * (i + 1) for i in range(n)],
+            "logging_steps",
+            (f"step from logging_steps = {k} in the log's configuration: dict i is step i x {k}"),
+        )
+    return list(range(1, n + 1)), "row_order", f"step: {CONSOLE_STEP_SOURCES['row_order']}"
+
+
+def _increasing(steps: Sequence[int | None]) -> bool:
+    """Every step known and strictly increasing."""
+    known = [s for s in steps if s is not None]
+    return len(known) == len(steps) and all(b > a for a, b in itertools.pairwise(known))
+
+
+def _training_bar_total(text: str, positions: Sequence[int]) -> int | None:
+    """The total of the training progress bar: the most common total among the bars that
+    precede a metric dict (checkpoint-loading bars such as ``2/2 [`` precede none or few)."""
+    if not positions:
+        return None
+    counts: dict[int, int] = {}
+    prev = 0
+    for pos in positions:
+        last = None
+        for m in _BAR_RE.finditer(text, prev, pos):
+            last = m
+        if last is not None:
+            t = int(last.group(2))
+            counts[t] = counts.get(t, 0) + 1
+        prev = pos
+    if not counts:
+        return None
+    return max(counts, key=lambda t: (counts[t], t))
+
+
+def _bar_steps(text: str, positions: Sequence[int], total: int | None) -> list[int | None]:
+    """For each offset, N of the last progress bar ``N/TOTAL [`` before it (any total if None)."""
+    out: list[int | None] = []
+    if not positions:
+        return out
+    bars = _BAR_RE.finditer(text, 0, positions[-1])
+    bar = next(bars, None)
+    last: int | None = None
+    for pos in positions:
+        while bar is not None and bar.start() < pos:
+            if total is None or int(bar.group(2)) == total:
+                last = int(bar.group(1))
+            bar = next(bars, None)
+        out.append(last)
+    return out
+
+
+def _steps_per_epoch(text: str, bar_total: int | None) -> float | None:
+    """Total optimizer steps / epochs, from the trainer's banner (or the training bar's total)."""
+    epochs = _NUM_EPOCHS_RE.search(text)
+    totals = _TOTAL_STEPS_RE.search(text)
+    total = int(totals.group(1).replace(",", "")) if totals else bar_total
+    if epochs is None or not total:
+        return None
+    n_epochs = float(epochs.group(1))
+    return total / n_epochs if n_epochs > 0 else None
+
+
+def _as_float(value: Any) -> float | None:
+    try:
+        out = float(_scalar(value))
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def _scalar(value: Any) -> Any:
+    """One raw cell -> something ``pd.to_numeric`` reads (unwrapped string, float for bools)."""
+    if isinstance(value, str):
+        return _unwrap_number(value.strip())
+    if isinstance(value, bool):
+        return float(value)
+    return value

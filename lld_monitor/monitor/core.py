@@ -1,0 +1,708 @@
+"""LLDMonitor: the trainer-agnostic facade turning observed tensors into one run-log row per step.
+
+Adapters (integrations/trl.py, integrations/transformers.py) and hand-written loops call the same
+plain methods: ``observe_rollout``, ``observe_update``, ``observe_post_update``, ``llds_term``,
+``end_step``, ``close``. Sums stay on the trainer's device until ``end_step``, which reduces them
+across ranks (one gather, exact), moves one small vector to the host, writes the row on rank 0
+and runs the detector, the sinks and the actions. The work is done by the parts listed in
+docs/architecture.md; this class validates, wires them together and owns the lifecycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lld_monitor import columns as C
+from lld_monitor.events import Alert, make_event
+from lld_monitor.monitor import config as monitor_config
+from lld_monitor.monitor import distributed, llds_checks, rollout, step_metrics
+from lld_monitor.monitor import resume as resume_state
+from lld_monitor.monitor.actions import (  # noqa: F401  (re-exported: the former home)
+    AUTO_LLDS_ACCEPTED,
+    AUTO_LLDS_KINDS,
+    AUTO_LLDS_LAMBDA,
+    CHECKPOINT,
+    COLLAPSE_KINDS,
+    STOP,
+    ActionPolicy,
+    Responder,
+)
+from lld_monitor.monitor.config import MonitorConfig
+from lld_monitor.monitor.correctness import CorrectnessRule, ThresholdWatch
+from lld_monitor.monitor.dispatch import EventDispatcher
+from lld_monitor.monitor.failure import FailurePolicy
+from lld_monitor.monitor.llds_checks import ZERO_STD_WARN, OnceNotes  # noqa: F401  (re-exported)
+from lld_monitor.monitor.llds_switch import LLDSSwitch
+from lld_monitor.monitor.step_metrics import FIELD_INDEX, FIELD_NAMES, StepMetrics, row_from_sums
+from lld_monitor.monitor.token_sampling import (  # noqa: F401  (re-exported: the former home)
+    SAMPLE_RESPONSE,
+    SAMPLE_TOP_TOKEN,
+    ProbeRecord,
+    TokenSampler,
+    TokenSource,
+)
+
+logger = logging.getLogger("lld_monitor")
+
+
+class LLDMonitor:
+    """Diagnose the LLD death spiral during training and switch the LLDS regularizer on or off.
+
+    ``monitor = LLDMonitor("runs/exp1"); monitor.attach(trainer); trainer.train()``, or call the
+    plain ``observe_*`` / ``end_step`` methods from a hand-written loop.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        config: MonitorConfig | None = None,
+        *,
+        llds: Any | None = None,
+        probe_fraction: float = 0.25,
+        correct_fn: Callable[[torch.Tensor | None, torch.Tensor | None], torch.Tensor]
+        | None = None,
+        correct_threshold: float = 1.0,
+        correct_reward: str | None = None,
+        sinks: Sequence[Any] = (),
+        detector: Any = True,
+        auto_llds: bool = False,
+        auto_llds_on: Sequence[str] = AUTO_LLDS_KINDS,
+        stop_on_collapse: bool = False,
+        checkpoint_on_collapse: bool = False,
+        token_samples_per_step: int = 4,
+        response_samples_per_step: int = 4,
+        strict: bool = False,
+        meta: Mapping[str, Any] | None = None,
+        llds_with_dropout: bool = False,
+        resume: bool = False,
+    ) -> None:
+        keywords = MonitorConfig(
+            llds=llds,
+            probe_fraction=probe_fraction,
+            correct_fn=correct_fn,
+            correct_threshold=correct_threshold,
+            correct_reward=correct_reward,
+            sinks=sinks,
+            detector=detector,
+            auto_llds=auto_llds,
+            auto_llds_on=auto_llds_on,
+            stop_on_collapse=stop_on_collapse,
+            checkpoint_on_collapse=checkpoint_on_collapse,
+            token_samples_per_step=token_samples_per_step,
+            response_samples_per_step=response_samples_per_step,
+            strict=strict,
+            meta=meta,
+            llds_with_dropout=llds_with_dropout,
+            resume=resume,
+        )
+        if config is None:
+            config = keywords
+        elif not isinstance(config, MonitorConfig):
+            raise ValueError(f"config must be an lld_monitor.MonitorConfig, got {config!r}")
+        elif keywords != MonitorConfig():
+            raise ValueError(
+                "pass the settings either as config=MonitorConfig(...) or as keyword "
+                "arguments, not both"
+            )
+        #: The settings this monitor was built with (frozen; the running state lives elsewhere).
+        self.config = config
+        llds, probe_fraction, correct_fn = config.llds, config.probe_fraction, config.correct_fn
+        correct_threshold, correct_reward = config.correct_threshold, config.correct_reward
+        sinks, detector, auto_llds = config.sinks, config.detector, config.auto_llds
+        auto_llds_on, stop_on_collapse = config.auto_llds_on, config.stop_on_collapse
+        checkpoint_on_collapse = config.checkpoint_on_collapse
+        token_samples_per_step = config.token_samples_per_step
+        response_samples_per_step = config.response_samples_per_step
+        strict, meta, resume = config.strict, config.meta, config.resume
+        llds_with_dropout = config.llds_with_dropout
+
+        self.probe_fraction = monitor_config.check_probe_fraction(probe_fraction)
+        llds_config = monitor_config.check_llds(llds)
+        self.run_dir = Path(run_dir)
+        monitor_config.check_run_dir(self.run_dir, resume)  # here: at a step it is swallowed
+        self.correctness = CorrectnessRule(correct_fn, correct_threshold, correct_reward)
+        self.dispatch = EventDispatcher(sinks, self.guard, self._replayed_event)
+        self.actions = ActionPolicy(
+            auto_llds, auto_llds_on, stop_on_collapse, checkpoint_on_collapse
+        )
+        self.strict = bool(strict)
+        self.tokens = TokenSampler(
+            token_samples_per_step, response_samples_per_step, self.strict, self.guard
+        )
+        self.llds_with_dropout = bool(llds_with_dropout)
+        self.resume = bool(resume)
+        #: Last step already in a resumed folder: rows, token samples and events of steps up to
+        #: it are not written again (a run resumed from an earlier checkpoint replays them).
+        self.resumed_last_step: int | None = None
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.llds = LLDSSwitch(llds_config, self._on_llds_change)
+
+        self.rank = 0
+        self.writer: Any | None = None
+        self.adapter: Any | None = None
+        self.step = 0  # the step the next end_step() writes (unless given)
+        self.rows_written = 0
+        self.last_row: dict[str, Any] = {}
+        self.last_probe: ProbeRecord | None = None
+        self.should_stop = False  # set by stop_on_collapse; adapters copy it into control
+        self.should_save = False  # set by checkpoint_on_collapse; reset by the adapter
+        self.closed = False
+        self._acc = StepMetrics()
+        self._last_rollout: rollout.Rollout | None = None
+        self.failures = FailurePolicy(self.strict, self._on_error)
+        self.threshold_watch = ThresholdWatch(self.correctness)
+        self.reward_fn_names: list[str] = []  # the same on every rank: fixes the vector length
+        self._lock = threading.RLock()
+        self.reuse_warning: str | None = None  # set by an adapter when LLDS can never act
+        self.notes = OnceNotes(self._event, self.guard)  # llds checks and notes, once per run
+        self.last_local_sums: torch.Tensor | None = None  # strict mode: see sum_layout()
+        self.responder = Responder(
+            monitor_config.make_detector(detector),
+            self.actions,
+            self.llds,
+            llds_given=llds is not None,
+            emit=self._event,
+            alert_sink=self.dispatch.alert,
+            request=self._request,
+            guard=self.guard,
+        )
+
+    # -- setup --------------------------------------------------------------------------------
+
+    def attach(self, trainer: Any) -> LLDMonitor:
+        """Hook into ``trainer`` (TRL GRPOTrainer: full; transformers Trainer: standard metrics)."""
+        from lld_monitor.integrations import adapter_for
+
+        self.adapter = adapter_for(self, trainer)
+        self.adapter.install()
+        return self
+
+    def start(self, *, trainer: str = "custom", lld_columns: bool = True, **meta: Any) -> None:
+        """Open the run log (rank 0) with the run's meta; called by attach or the first end_step."""
+        with self._lock:
+            if self.writer is not None or self.closed:
+                return
+            self.rank = distributed.rank()
+            if self.rank != 0:
+                return
+            from lld_monitor.runlog import RunWriter
+
+            config = self._config_meta()
+            full_meta = monitor_config.run_meta(trainer, lld_columns, config, meta, self.meta)
+            if self.resume:
+                self.resumed_last_step = resume_state.last_logged_step(self.run_dir)
+            self.writer = RunWriter(self.run_dir, meta=full_meta, resume=self.resume)
+            self.dispatch.open(
+                self.writer,
+                make_event("lifecycle", self.step, "attach", f"monitor attached to {trainer}"),
+            )
+
+    def _config_meta(self) -> dict[str, Any]:
+        return monitor_config.config_meta(
+            probe_fraction=self.probe_fraction,
+            correctness=self.correctness,
+            actions=self.actions,
+            tokens=self.tokens,
+            llds_with_dropout=self.llds_with_dropout,
+            detector=self.detector,
+            llds=self.llds.config,
+        )
+
+    # -- failure policy (failure.py) ---------------------------------------------------------------
+
+    def guard(self, where: str) -> Any:
+        """Context manager for a local hook: strict re-raises, else report once and carry on."""
+        return self.failures.guard(where)
+
+    def collective(self, where: str) -> Any:
+        """Context manager for a section every rank must complete (never swallowed on >1 rank)."""
+        return self.failures.collective(where)
+
+    def guarded(
+        self, where: str, default: Any = None
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator form of :meth:`guard` returning ``default`` on a swallowed error."""
+        return self.failures.guarded(where, default)
+
+    def agree(self, where: str, ok: bool, device: torch.device | None = None) -> bool:
+        """True when every rank is ``ok`` (one small all_reduce; every rank must call it).
+
+        Rank 0 records which ranks were not, so a section skipped everywhere is on the record.
+        """
+        with self.collective(f"{where} (agreement)"):
+            failed = distributed.failed_ranks(ok, device)
+        if failed and distributed.world_size() > 1:
+            self._record_rank_failure(where, failed, "skipped on every rank")
+        return not failed
+
+    def _record_rank_failure(self, where: str, failed: list[int], what: str) -> None:
+        msg = f"{where} failed on rank(s) {failed}: {what} (that rank's log has the traceback)"
+        with self.guard("error event"):
+            self._emit("error", self.step, where, msg, "warning", {"ranks": failed})
+
+    def _on_error(self, where: str, err: BaseException) -> None:
+        msg = f"{where} failed: {type(err).__name__}: {err}"
+        self._emit("error", self.step, where, msg, "warning", {"exception": type(err).__name__})
+
+    def _report_error(self, where: str, err: BaseException) -> None:
+        self.failures.report(where, err)
+
+    # -- events (dispatch.py) ----------------------------------------------------------------------
+
+    def _event(self, event: dict[str, Any]) -> None:
+        """Write an event (rank 0) and pass it to the sinks; queued until the run log opens."""
+        if self.rank != 0:
+            return
+        self.dispatch.event(event)
+
+    def _emit(self, *args: Any) -> None:
+        """Record ``make_event(*args)``: type, step, kind, message, severity, evidence."""
+        self._event(make_event(*args))
+
+    sinks = property(lambda self: self.dispatch.sinks)
+
+    def _on_llds_change(self, enabled: bool, lam: float, reason: str) -> None:
+        msg = LLDSSwitch.change_message(enabled, lam, reason)
+        if enabled and self.reuse_warning:
+            warnings.warn(self.reuse_warning, UserWarning, stacklevel=4)
+            msg += f"; {self.reuse_warning}"
+        kind = "llds_enable" if enabled else "llds_disable"
+        evidence = {"enabled": int(enabled), "lam": lam, "reason": reason}
+        with self.guard("llds switch event"):
+            self._emit("intervention", self.step, kind, msg, "info", evidence)
+
+    # -- correctness (correctness.py) --------------------------------------------------------------
+
+    @property
+    def correct_fn(self) -> Callable[..., Any] | None:
+        return self.correctness.correct_fn
+
+    @correct_fn.setter
+    def correct_fn(self, fn: Callable[..., Any] | None) -> None:
+        rule = self.correctness
+        self.correctness = CorrectnessRule(fn, rule.threshold, rule.reward)
+        self.threshold_watch.rule = self.correctness
+
+    correct_threshold = property(lambda self: self.correctness.threshold)
+
+    def correct_mask(
+        self,
+        rewards: torch.Tensor | None,
+        advantages: torch.Tensor | None,
+        batch: int,
+        device: torch.device,
+        rewards_per_func: Mapping[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """[B] bool by the monitor's correctness rule (lld_monitor/monitor/correctness.py)."""
+        return self.correctness(rewards, advantages, batch, device, rewards_per_func)
+
+    # -- plain API: observe (rollout.py, step_metrics.py) ------------------------------------------
+
+    def observe_rollout(
+        self,
+        logp_old: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        rewards: torch.Tensor | None = None,
+        advantages: torch.Tensor | None = None,
+        token_ids: torch.Tensor | None = None,
+        entropy: torch.Tensor | None = None,
+        num_searches: torch.Tensor | None = None,
+        kl: torch.Tensor | None = None,
+        completion_mask: torch.Tensor | None = None,
+        rewards_per_func: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Record a batch under the sampling policy; ``logp_old``, ``mask``, ``entropy`` are [B, L].
+
+        ``mask`` is 1 on generated tokens only (tool feedback and padding 0). Confidence, reward,
+        entropy and length columns of the current step come from here; the batch is kept for
+        :meth:`observe_post_update`. ``completion_mask`` [B, L] (1 on every completion position,
+        tool feedback included; 0 on padding) lets the token samples show tool feedback.
+        ``rewards`` [B] is the total reward (NaN = unscored); ``rewards_per_func`` maps each
+        reward function's name to its raw rewards [B] (columns ``reward_fn/<name>``, and the
+        correctness rule's ``correct_reward`` / ``correct_fn``).
+        """
+        with self.guard("observe_rollout"):
+            self._last_rollout = rollout.observe_rollout(
+                self._acc,
+                self.correctness,
+                logp_old,
+                mask,
+                rewards=rewards,
+                advantages=advantages,
+                token_ids=token_ids,
+                entropy=entropy,
+                num_searches=num_searches,
+                kl=kl,
+                completion_mask=completion_mask,
+                rewards_per_func=rewards_per_func,
+            )
+
+    def observe_reward_fn(self, name: str, rewards: torch.Tensor) -> None:
+        """Add the raw rewards [B] of one reward function (column ``reward_fn/<name>``)."""
+        with self.guard("observe_reward_fn"):
+            self._acc.add_reward_fn(name, rewards)
+
+    def observe_groups(self, n_zero_std: torch.Tensor | float, n_groups: int) -> None:
+        """Add prompt groups whose rewards were all equal (column ``frac_zero_std_groups``)."""
+        with self.guard("observe_groups"):
+            self._acc.add("zero_std_groups", n_zero_std)
+            self._acc.add("n_groups", float(n_groups))
+
+    def observe_update(
+        self,
+        grad_norm: torch.Tensor | float | None = None,
+        loss: torch.Tensor | float | None = None,
+        llds_out: Any | None = None,
+    ) -> None:
+        """Record one optimizer update: pre-clip ``grad_norm``, ``loss``, an ``LLDSOutput``."""
+        with self.guard("observe_update"):
+            self._acc.add_update(grad_norm, loss)
+            if llds_out is not None:
+                self._acc.add_llds(llds_out)
+
+    def observe_post_update(
+        self,
+        logp_new: torch.Tensor,
+        *,
+        rows: torch.Tensor | None = None,
+        tokenizer: Any | None = None,
+    ) -> None:
+        """Measure displacement of the last observed rollout under the updated policy.
+
+        ``logp_new`` [B', L] are the same completions' log-probs after the batch's last update, for
+        all rows of the rollout or for the subset ``rows`` [B'] (a probe sample). ``tokenizer``
+        decodes the token samples' text.
+        """
+        with self.guard("observe_post_update"):
+            if self._last_rollout is None:
+                raise ValueError(
+                    "observe_post_update() needs an observe_rollout() of the same batch first"
+                )
+            ro = self._last_rollout.pick(rows)
+            self.measure_displacement(
+                ro.logp_old,
+                logp_new,
+                ro.mask,
+                ro.correct,
+                token_ids=ro.token_ids,
+                rewards=ro.rewards,
+                advantages=ro.advantages,
+                rows=rows,
+                tokenizer=tokenizer,
+                completion_mask=ro.completion_mask,
+            )
+
+    def observe_in_batch(self, logp_new: torch.Tensor) -> None:
+        """Measure the last observed rollout's responses again while their batch is reused.
+
+        ``logp_new`` [B, L] are their log-probs under the current policy, after at least one
+        optimizer update that included them (a rollout batch trained on for several updates:
+        TRL's ``num_iterations`` > 1). Adds the correct responses and those whose summed change
+        since generation is < 0 to the ``inbatch_*`` columns: the paper's indicator before the
+        batch's last update. Measure each response once per batch (the TRL adapter does: the
+        first time the loss sees it again), so that the counts are of distinct responses.
+        """
+        with self.guard("observe_in_batch"):
+            ro = self._last_rollout
+            if ro is None:
+                raise ValueError("observe_in_batch() needs an observe_rollout() of the batch first")
+            self._acc.add_in_batch(ro.logp_old, logp_new, ro.mask, ro.correct, ro.rewards)
+
+    def measure_displacement(
+        self,
+        logp_old: torch.Tensor,
+        logp_new: torch.Tensor,
+        mask: torch.Tensor,
+        correct: torch.Tensor,
+        *,
+        token_ids: torch.Tensor | None = None,
+        rewards: torch.Tensor | None = None,
+        advantages: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
+        tokenizer: Any | None = None,
+        completion_mask: torch.Tensor | None = None,
+        stepped: bool | None = None,
+    ) -> ProbeRecord:
+        """Fold one post-update measurement ([B, L] tensors, ``correct`` [B]) into this step.
+
+        ``mask`` marks generated tokens, ``completion_mask`` every completion position (for the
+        whole-response samples). A probe in which the optimizer did not step (``stepped=False``,
+        or no log-prob moved) is left out of the displacement columns (rollout.py).
+        """
+        record = rollout.measure_displacement(
+            self._acc,
+            self.step,
+            logp_old,
+            logp_new,
+            mask,
+            correct,
+            token_ids=token_ids,
+            rows=rows,
+            rewards=rewards,
+            completion_mask=completion_mask,
+            stepped=stepped,
+        )
+        self.last_probe = record
+        self.tokens.add(record, rewards, advantages, tokenizer, keep=self.rank == 0)
+        return record
+
+    def token_sample_rows(self, sources: Sequence[TokenSource] | None = None) -> list[dict]:
+        """The step's token samples (lld_monitor/monitor/token_sampling.py, ``sample_rows``)."""
+        return self.tokens.rows(sources)
+
+    # -- plain API: LLDS (llds_switch.py) ----------------------------------------------------------
+
+    def llds_term(
+        self,
+        logp_new: torch.Tensor,
+        logp_old: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        **kw: Any,
+    ) -> tuple[torch.Tensor, Any | None]:
+        """``(lam * L_LLDS, LLDSOutput)``: [B, L] log-probs, [B] advantages; ``(0, None)`` if off.
+
+        Add the first element to the loss (divide by the number of accumulated micro-batches
+        yourself); its statistics go to the step's llds_* columns. Keywords (``answer_mask``,
+        ``mean_valid_searches``, ``action_ids``): :meth:`LLDSSwitch.term`.
+        """
+        try:
+            term, out = self.llds.term(logp_new, logp_old, advantages, mask, **kw)
+            if out is not None:
+                self._acc.add_llds(out)
+            return term, out
+        except Exception as err:
+            if self.strict:
+                raise
+            self._report_error("llds_term", err)
+            return logp_new.new_zeros(()), None
+
+    @staticmethod
+    def sum_layout() -> tuple[tuple[str, ...], int]:
+        """Layout of the reduced vector: standard fields, K confidence sums, K probe sums."""
+        from lld_monitor.metrics import SUM_FIELDS
+
+        return FIELD_NAMES, len(SUM_FIELDS)
+
+    # -- plain API: the row -------------------------------------------------------------------
+
+    def end_step(self, step: int | None = None, **extra_columns: Any) -> dict[str, Any]:
+        """Close the current step: reduce across ranks, write one row (rank 0), detect, act.
+
+        Returns the row (the same on every rank). ``extra_columns`` are added to it as given.
+        Every rank reaches the reduction exactly once per call: a rank whose own part failed
+        sends zeros with an error flag, and rank 0 records the failure.
+        """
+        step = self.step if step is None else int(step)
+        row: dict[str, Any] = {}
+        host = self._reduce_step(step)
+        if host is not None:
+            with self.guard("end_step"):
+                row = self._write_row(step, host, extra_columns)
+        self._acc = StepMetrics()
+        self.tokens.reset()
+        self.step = (row.get(C.STEP, step) if row else step) + 1
+        return row
+
+    def _reduce_step(self, step: int) -> list[float] | None:
+        """This rank's packed sums, gathered from every rank and reduced (host floats)."""
+        acc, names = self._acc, self.reward_fn_names
+        names += sorted(set(acc.reward_fn) - set(names))  # first seen this step
+        vec: torch.Tensor | None = None
+        device = distributed.collective_device(acc.device)
+        with self.guard("end_step"):
+            if self.writer is None and self.rank == 0 and self.adapter is None:
+                self.start()
+            vec = acc.pack(device, names)
+            if self.strict:  # tests: this rank's sums before the cross-rank reduction
+                self.last_local_sums = vec.detach().clone()
+        if vec is None:
+            vec = StepMetrics.failed(device, len(names))
+        if distributed.rank() == 0:  # the switch state only rank 0 decides
+            vec[FIELD_INDEX["llds_on"]] = float(self.llds.enabled)
+            vec[FIELD_INDEX["llds_lam"]] = self.llds.lam
+        with self.collective("end_step reduction"):
+            host, failed = step_metrics.gather_and_reduce(vec)
+        if distributed.world_size() == 1:
+            return None if failed else host  # the failure is reported already
+        if failed:
+            what = "those ranks sent zeros; the row holds the other ranks' sums"
+            self._record_rank_failure("end_step", failed, what)
+        on, lam = host[FIELD_INDEX["llds_on"]], host[FIELD_INDEX["llds_lam"]]
+        if not math.isnan(on) and self.llds._sync(bool(on > 0.5), lam):
+            logger.info("lld_monitor: LLDS state adopted from rank 0")
+        return host
+
+    def _write_row(self, step: int, host: list[float], extra: Mapping[str, Any]) -> dict[str, Any]:
+        row: dict[str, Any] = {C.STEP: step, C.TIME: time.time()}
+        row.update(row_from_sums(host, self.reward_fn_names))
+        n_still = host[FIELD_INDEX["n_probe_still"]]
+        if host[FIELD_INDEX["n_probe"]] == 0 and n_still > 0:
+            self._note_once(
+                "no_step_probe", step, llds_checks.NO_STEP_PROBE, "info", {"probes": n_still}
+            )
+        row.update(extra)
+        self._check_threshold_reached(row, host[FIELD_INDEX["rule_reward_max"]])
+        self.last_row = row
+        if self.rank == 0 and self.writer is not None and not self._replaying(step):
+            self.dispatch.row(row)
+            self.rows_written += 1
+            self.tokens.write(self.writer, step)
+        self._check_zero_std(row, step)
+        self._detect(row, step)
+        return row
+
+    def _check_threshold_reached(self, row: Mapping[str, Any], rule_max: float) -> None:
+        """Warn once when rewards vary but no response has reached the threshold for a while."""
+        msg = self.threshold_watch.update(row, rule_max)
+        if msg is None:
+            return
+        logger.warning("lld_monitor: %s", msg)
+        if self.rank == 0:
+            warnings.warn(msg, UserWarning, stacklevel=2)
+        evidence = {"rule_reward_max": self.threshold_watch.rule_max}
+        step = int(row.get(C.STEP, self.step))
+        self._emit("lifecycle", step, "no_correct_responses", msg, "warning", evidence)
+
+    # -- LLDS checks (llds_checks.py) --------------------------------------------------------------
+
+    def _note_once(
+        self, key: str, step: int, message: str, severity: str, evidence: Mapping[str, Any]
+    ) -> bool:
+        """Say ``message`` once per run (lifecycle event ``key``); False when said before."""
+        return self.notes.say(key, step, message, severity, evidence)
+
+    def check_llds_can_act(
+        self, *, reuse_problem: str | None = None, num_generations: int | None = None
+    ) -> list[str]:
+        """Warn (once each) when LLDS is on or may be switched on but cannot act or rarely does.
+
+        Adapters call this at attach: ``reuse_problem`` (why each batch gets a single update, see
+        ``integrations.trl.llds_reuse_problem``), ``num_generations`` (responses per prompt).
+        Returns the messages said now (llds_checks.py).
+        """
+        who = llds_checks.llds_subject(self.llds.enabled, self.auto_llds, self.auto_llds_on)
+        problems = llds_checks.can_act_problems(who, reuse_problem, num_generations)
+        return [m for key, m, ev in problems if self._note_once(key, self.step, m, "warning", ev)]
+
+    def _check_zero_std(self, row: Mapping[str, Any], step: int) -> None:
+        """Warn once when most prompt groups have zero reward variance: the gate rarely fires."""
+        frac = row.get(C.FRAC_ZERO_STD_GROUPS)
+        who = llds_checks.llds_subject(self.llds.enabled, self.auto_llds)
+        msg = llds_checks.zero_std_problem(who, frac, step)
+        if msg is not None:
+            evidence = {C.FRAC_ZERO_STD_GROUPS: float(frac)}
+            self._note_once("llds_check_zero_std", step, msg, "warning", evidence)
+
+    # -- detector and actions (actions.py) ---------------------------------------------------------
+
+    def _detect(self, row: Mapping[str, Any], step: int) -> None:
+        """Feed the detector (every rank, same rows -> same alerts) and act on its alerts."""
+        self.responder.update(row, step)
+
+    def decide(self, alert: Alert) -> list[tuple[str, str]]:
+        """The actions this monitor's settings take on ``alert``: ``[(action, reason), ...]``."""
+        return self.actions.decide(alert, self.llds.enabled)
+
+    auto_llds = property(lambda self: self.actions.auto_llds)
+    auto_llds_on = property(lambda self: self.actions.auto_llds_on)
+    stop_on_collapse = property(lambda self: self.actions.stop_on_collapse)
+    checkpoint_on_collapse = property(lambda self: self.actions.checkpoint_on_collapse)
+    token_samples_per_step = property(lambda self: self.tokens.token_samples)
+    response_samples_per_step = property(lambda self: self.tokens.response_samples)
+
+    def _act(self, alert: Alert, step: int) -> None:
+        self.responder.act(alert, step)
+
+    def _request(self, action: str) -> None:
+        """A trainer request of an action: the adapters copy the flags into ``control``."""
+        if action == STOP:
+            self.should_stop = True
+        elif action == CHECKPOINT:
+            self.should_save = True
+
+    def take_save_request(self) -> bool:
+        """Whether a checkpoint was requested since the last call (the adapter then saves once)."""
+        requested, self.should_save = self.should_save, False
+        return requested
+
+    def set_llds_reuse_problem(self, problem: str | None) -> None:
+        """An adapter's finding on why LLDS can never act in the trainer's setup (None: it can);
+        said when LLDS is switched on."""
+        self.reuse_warning = problem
+
+    detector = property(lambda self: self.responder.detector)
+    last_alerts = property(lambda self: self.responder.last_alerts)
+
+    # -- resume (resume.py) ------------------------------------------------------------------------
+
+    def _replayed_event(self, event: Mapping[str, Any]) -> bool:
+        """An alert/phase/intervention event of a step the resumed folder already holds."""
+        return resume_state.replayed_event(self.resumed_last_step, event)
+
+    def _replaying(self, step: Any) -> bool:
+        """True for a step a resumed folder already holds (replayed after an earlier checkpoint)."""
+        return resume_state.replaying(self.resumed_last_step, step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs (plain JSON): step, LLDS switch, detector, phase, warnings.
+
+        The adapters save it with every Trainer checkpoint (``trainer_state.json``).
+        """
+        return resume_state.monitor_state(
+            step=self.step,
+            llds_enabled=self.llds.enabled,
+            llds_lam=self.llds.lam,
+            phase=self.responder.phase,
+            detector=self.detector,
+            reward_fn_names=self.reward_fn_names,
+            correctness=self.threshold_watch.state_dict(),
+        )
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict` (the LLDS switch state is an ``intervention`` event)."""
+        s = resume_state.parse_state(state)
+        self.step = s.step
+        if s.detector is not None and hasattr(self.detector, "load_state_dict"):
+            self.detector.load_state_dict(s.detector)
+        self.responder.phase = s.phase
+        for name in s.reward_fn_names:
+            if name not in self.reward_fn_names:
+                self.reward_fn_names.append(name)
+        self.threshold_watch.load_state_dict(s.correctness)
+        self.llds._sync(s.llds_enabled, s.llds_lam)
+        evidence = {"llds_enabled": int(s.llds_enabled), "llds_lam": s.llds_lam}
+        with self.guard("resume event"):
+            self._emit("lifecycle", self.step, "restore", s.restore_message(), "info", evidence)
+
+    # -- end ----------------------------------------------------------------------------------
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Flush and close the run log and the sinks; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.adapter is not None:
+            with self.guard("adapter.uninstall"):
+                self.adapter.uninstall()
+        self.dispatch.close()
+        if self.writer is not None:
+            self.tokens.close()  # pending token files first
+            with self.guard("run log close"):
+                self.writer.close(error=error)
+
+    def __enter__(self) -> LLDMonitor:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.close(error=exc)

@@ -1,0 +1,83 @@
+"""Self-contained HTML report of an analysed run: plotly panels, phases shaded, alerts marked.
+
+The HTML inlines plotly.js (no CDN, no network), so the file opens anywhere, offline.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lld_monitor import columns as C
+
+#: Points per trace at most in the report (min/max decimation keeps spikes; a file stays small).
+REPORT_MAX_POINTS = 5000
+
+
+def build_figure(df: pd.DataFrame, analysis: Any, title: str = "lld_monitor report") -> Any:
+    """The run's figure as ``report.charts`` defines it (the dashboard draws the same one).
+
+    Raw values (no smoothing), phases shaded, alerts on the phase strip, collapse as a red line.
+    """
+    from lld_monitor.report import charts
+
+    if C.STEP not in df.columns:
+        raise ValueError(f"the table has no {C.STEP!r} column: load it with importers.load_table")
+    name = str(getattr(df, "attrs", {}).get("source_path", "run"))
+    name = Path(name).name or name
+    return charts.build_figure(
+        [charts.from_analysis(name, df, analysis)],
+        ema_weight=0.0,
+        max_points=REPORT_MAX_POINTS,
+        title=title,
+        collapse_steps=[getattr(analysis, "collapse_step", None)],
+    )
+
+
+def write_report(
+    df: pd.DataFrame, analysis: Any, out: str | Path, title: str = "lld_monitor report"
+) -> Path:
+    """Write one self-contained HTML file (plotly.js inlined) and return its path."""
+    fig = build_figure(df, analysis, title=title)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    page = fig.to_html(include_plotlyjs=True, full_html=True, include_mathjax=False)
+    page = page.replace("<body>", "<body>\n" + _summary_html(df, analysis), 1)
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
+def _summary_html(df: pd.DataFrame, analysis: Any) -> str:
+    """A short HTML header: source, steps, collapse, signals, alerts list."""
+    attrs = getattr(df, "attrs", {})
+    lines = [
+        f"<p>source: {html.escape(str(attrs.get('source_path', '?')))} "
+        f"({html.escape(str(attrs.get('source_format', '?')))}), {len(df)} steps; "
+        f"{html.escape(str(attrs.get('step_note') or 'step as given'))}</p>",
+        f"<p>collapse: {_collapse_text(getattr(analysis, 'collapse_step', None))}</p>",
+        "<p>signals used: "
+        + html.escape(", ".join(getattr(analysis, "signals_used", []) or []) or "none")
+        + "<br>signals missing: "
+        + html.escape(", ".join(getattr(analysis, "signals_missing", []) or []) or "none")
+        + "</p>",
+    ]
+    notes = [*(attrs.get("import_notes") or []), *(getattr(analysis, "notes", None) or [])]
+    if notes:
+        lines.append("<p>notes:<br>" + "<br>".join(html.escape(str(n)) for n in notes) + "</p>")
+    alerts = list(getattr(analysis, "alerts", []) or [])
+    if alerts:
+        items = "".join(
+            f"<li>step {a.step} [{html.escape(a.severity)}] {html.escape(a.kind)}: "
+            f"{html.escape(a.message)}</li>"
+            for a in alerts
+        )
+        lines.append(f"<ul>{items}</ul>")
+    return '<div style="font-family: sans-serif; margin: 1em">' + "".join(lines) + "</div>"
+
+
+def _collapse_text(step: int | None) -> str:
+    """'step N', or 'none detected' (as the CLI summary says), never Python's 'None'."""
+    return "none detected" if step is None else f"step {step}"

@@ -1,0 +1,803 @@
+"""The dashboard through Streamlit's AppTest on real run folders written by RunWriter.
+
+Also the dashboard's pure helpers (decimation, EMA, token HTML, path checks) and the
+``lld-monitor dashboard`` command's argument handling. The browser test is separate.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lld_monitor import columns as C
+from lld_monitor.events import make_event
+from lld_monitor.runlog import RunWriter
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest
+
+from dashboard import charts, sources
+from dashboard import tokens as tok
+
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+TIMEOUT = 60
+
+# --- fixtures: real run folders -----------------------------------------------------------------
+
+
+def step_row(s: int) -> dict[str, float]:
+    """A deterministic step row: reward rises, logp of correct responses falls slowly, the grad
+    norm drifts up gently (no surge: the analysis raises a decay, no collapse, before step 50)."""
+    return {
+        C.STEP: s,
+        C.REWARD_MEAN: 0.2 + 0.005 * s,
+        C.ACCURACY: 0.1 + 0.005 * s,
+        C.LOGP_CORRECT: -0.5 - 0.01 * s,
+        C.LOGP_INCORRECT: -0.9 - 0.01 * s,
+        C.DELTA_CORRECT: -0.01 * (s % 3),
+        C.DELTA_INCORRECT: -0.02,
+        C.FRAC_CORRECT_DISPLACED: 0.3 + 0.004 * s,
+        C.GRAD_NORM: 1.0 + 0.01 * s,
+        C.ENTROPY: 0.8,
+        C.LLDS_ENABLED: 1 if s >= 20 else 0,
+        C.LLDS_LAMBDA: 0.2 if s >= 20 else 0.0,
+        C.LLDS_LOSS: 0.01 if s >= 20 else 0.0,
+    }
+
+
+#: One response of step 40: a search action, tool feedback holding markup, an answer action.
+#: Change of its generated tokens: -0.5 + 0.25 + (-1.0) = -1.25 (tool feedback has none).
+TOKENS_40 = [
+    # (text, action, generated, delta)
+    ("<search>", 0, 1, -0.5),
+    ("who", 0, 1, 0.25),
+    ("<script>alert(1)</script>", -1, 0, math.nan),
+    ("<answer>", 1, 1, -1.0),
+]
+
+
+def write_run(
+    path: Path, n_steps: int, *, simulated: bool = False, close: bool = True
+) -> RunWriter:
+    """A run folder with ``n_steps`` rows, one alert, one intervention, token samples at step 40."""
+    w = RunWriter(path, meta={"simulated": simulated} if simulated else None)
+    for s in range(n_steps):
+        w.log_step(step_row(s))
+    if n_steps > 30:
+        w.log_event(
+            make_event("alert", 30, "decay", "logp of *correct* fell <0.3> nats", "warning")
+        )
+        w.log_event(make_event("intervention", 31, "llds_on", "LLDS switched on, lambda 0.2"))
+    if n_steps > 40:
+        rows = [
+            {
+                C.TOK_RESPONSE: 0,
+                C.TOK_POSITION: i,
+                C.TOK_TOKEN_ID: 100 + i,
+                C.TOK_TEXT: text,
+                C.TOK_ACTION: action,
+                C.TOK_GENERATED: gen,
+                C.TOK_LOGP_OLD: -1.0,
+                C.TOK_DELTA: delta,
+                C.TOK_REWARD: 1.0,
+                C.TOK_ADVANTAGE: 0.8,
+                C.TOK_CORRECT: 1,
+            }
+            for i, (text, action, gen, delta) in enumerate(TOKENS_40)
+        ]
+        w.log_tokens(rows, step=40)
+    if close:
+        w.close()
+    return w
+
+
+def make_app(monkeypatch: pytest.MonkeyPatch, *paths: Path, query: str | None = None) -> AppTest:
+    monkeypatch.setattr(sys, "argv", ["app.py", *map(str, paths)])
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    if query is not None:
+        at.query_params["run"] = query
+    return at
+
+
+def all_text(at: AppTest) -> str:
+    parts = [m.value for m in at.markdown] + [c.value for c in at.caption]
+    parts += (
+        [e.value for e in at.info] + [e.value for e in at.warning] + [e.value for e in at.error]
+    )
+    return "\n".join(parts)
+
+
+def step_slider(at: AppTest):
+    return next(s for s in at.slider if s.label.startswith("Step range"))
+
+
+def arr(value: object) -> np.ndarray:
+    """A plotly JSON array: a list, or a typed array ``{"dtype": ..., "bdata": base64}``."""
+    if isinstance(value, dict):
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+    return np.asarray(value)
+
+
+def chart_spec(at: AppTest) -> dict:
+    charts_ = at.get("plotly_chart")
+    assert len(charts_) == 1
+    return json.loads(charts_[0].proto.spec)
+
+
+# --- the app --------------------------------------------------------------------------------------
+
+
+def test_empty_root_says_how_runs_appear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    assert len(at.info) == 1
+    assert "No runs found under" in at.info[0].value
+    assert "LLDMonitor" in at.info[0].value
+    assert not at.get("plotly_chart")
+
+
+def test_run_renders_header_charts_widgets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_run(tmp_path / "exp1", 50, simulated=True)
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    text = all_text(at)
+    assert "SIMULATED" in text
+    assert "finished" in text  # the writer closed the run
+    assert "50 rows, last step 49" in text
+    assert "on, λ = 0\\.2" in text  # last row: LLDS on with lambda 0.2 (Markdown-escaped)
+    # the alert's message, escaped so that Markdown does not eat the asterisks or the <...>
+    assert "logp of \\*correct\\* fell \\<0\\.3\\> nats" in text
+    assert at.multiselect[0].options == ["exp1"]
+    assert at.multiselect[0].value == ["exp1"]
+    assert step_slider(at).value == (0, 49)
+    spec = chart_spec(at)
+    names = {d.get("name") for d in spec["data"]}
+    assert f"exp1 · {C.REWARD_MEAN}" in names
+    assert f"exp1 · {C.FRAC_CORRECT_DISPLACED}" in names
+    assert "exp1 · events" in names
+    events = next(d for d in spec["data"] if d.get("name") == "exp1 · events")
+    logged = [(x, t) for x, t in zip(arr(events["x"]), events["text"]) if "(run log)" in t]
+    assert [x for x, _ in logged] == [30.0, 31.0]
+    assert "LLDS switched on" in logged[1][1]
+    # the 50% line of the displaced-share panel is drawn
+    assert any(s.get("y0") == 0.5 and s.get("y1") == 0.5 for s in spec["layout"]["shapes"])
+    assert at.get("download_button")[0].proto.label == "Download CSV"
+
+
+def test_drilldown_shows_escaped_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_run(tmp_path / "exp1", 50)
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    html = "\n".join(h.proto.body for h in at.html)
+    assert "&lt;search&gt;" in html and "&lt;answer&gt;" in html
+    assert "<script>" not in html  # the tool feedback's markup is text, not markup
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "lld-tool" in html and ">A0<" in html and ">A1<" in html
+    table = at.dataframe[0].value
+    assert table["change (shown tokens)"].iloc[0] == pytest.approx(-1.25)
+    assert table[C.TOK_ADVANTAGE].iloc[0] == pytest.approx(0.8)
+    assert at.selectbox(key="lld_drill_step:exp1").value == 40
+
+
+def test_new_rows_appear_and_range_survives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = write_run(tmp_path / "live", 30, close=False)
+    at = make_app(monkeypatch, tmp_path).run()
+    assert "30 rows, last step 29" in all_text(at)
+    assert ":green-background[live]" in all_text(at)
+    slider = step_slider(at)
+    assert slider.value == (0, 29)
+    for s in range(30, 40):
+        w.log_step(step_row(s))
+    at.run()
+    assert "40 rows, last step 39" in all_text(at)
+    slider = step_slider(at)
+    assert slider.value == (0, 39)  # reached the last step: follows it
+    slider.set_value((5, 20)).run()
+    for s in range(40, 45):
+        w.log_step(step_row(s))
+    at.run()
+    assert "45 rows, last step 44" in all_text(at)
+    slider = step_slider(at)
+    assert slider.value == (5, 20)  # a chosen range survives the refresh
+    spec = chart_spec(at)
+    reward = next(d for d in spec["data"] if d.get("name") == f"live · {C.REWARD_MEAN} (raw)")
+    assert arr(reward["x"]).min() == 5 and arr(reward["x"]).max() == 20
+    w.close()
+    at.run()
+    assert ":gray-background[finished]" in all_text(at)
+    assert not at.exception
+
+
+def test_torn_last_line_is_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_run(tmp_path / "torn", 10, close=False)
+    with open(tmp_path / "torn" / "steps.jsonl", "ab") as f:
+        f.write(b'{"step": 10, "reward_me')  # a writer killed mid-line
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    assert "10 rows, last step 9" in all_text(at)
+
+
+def test_unreadable_runs_get_a_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "meta.json").write_text("{not json")
+    (bad / "steps.jsonl").write_text("")
+    future = tmp_path / "future"
+    future.mkdir()
+    (future / "meta.json").write_text(json.dumps({"schema_version": 99}))
+    (future / "steps.jsonl").write_text("")
+    starting = tmp_path / "starting"
+    write_run(starting, 0, close=False)
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    at.multiselect[0].set_value(["bad", "future", "starting"]).run()
+    assert not at.exception
+    errors = "\n".join(e.value for e in at.error)
+    assert "bad" in errors and "unreadable run metadata" in errors
+    assert "future" in errors and "schema version 99" in errors
+    assert any("no steps logged yet" in i.value for i in at.info)
+
+
+def test_partial_folder_named_as_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "meta.json").write_text(json.dumps({"schema_version": 1}))  # no steps.jsonl yet
+    at = make_app(monkeypatch, partial).run()
+    assert not at.exception
+    assert len(at.error) == 1
+    assert "partial" in at.error[0].value and "missing steps\\.jsonl" in at.error[0].value
+
+
+def test_foreign_log_is_listed_and_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = {
+        "global_step": 3,
+        "log_history": [
+            {"step": 1, "reward": 0.1, "grad_norm": 1.0, "entropy": 0.9, "loss": 0.0},
+            {"step": 2, "reward": 0.2, "grad_norm": 1.5, "entropy": 0.8, "loss": 0.0},
+            {"step": 3, "reward": 0.4, "grad_norm": 2.0, "entropy": 0.7, "loss": 0.0},
+        ],
+    }
+    (tmp_path / "trl").mkdir()
+    (tmp_path / "trl" / "trainer_state.json").write_text(json.dumps(state))
+    (tmp_path / "notes.txt").write_text("just some notes, not a log\n")
+    # JSONL the importers recognise but that holds no training rows: not listed
+    (tmp_path / "manifest.jsonl").write_text('{"step": 1, "name": "a"}\n{"step": 2, "name": "b"}\n')
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    assert at.multiselect[0].options == ["trl/trainer_state.json"]
+    text = all_text(at)
+    assert "foreign log \\(trl\\_trainer\\_state\\)" in text
+    assert "3 rows, last step 3" in text
+    assert "step from the log's own step column" in text  # how the importer found the steps
+    spec = chart_spec(at)
+    reward = next(
+        d for d in spec["data"] if d.get("name") == f"trl/trainer_state.json · {C.REWARD_MEAN}"
+    )
+    assert arr(reward["x"]).tolist() == [1.0, 2.0, 3.0]
+    notes = [a["text"] for a in spec["layout"]["annotations"]]
+    # no LLD columns in a TRL log: the panels say which columns are missing
+    assert f"not logged: {C.DELTA_CORRECT}, {C.DELTA_INCORRECT}" in notes
+    assert any("foreign logs carry none" in i.value for i in at.info)
+    # the trainer saves its state again with one more step: the dashboard re-imports it
+    state["log_history"].append({"step": 4, "reward": 0.5, "grad_norm": 2.5, "loss": 0.0})
+    (tmp_path / "trl" / "trainer_state.json").write_text(json.dumps(state))
+    at.run()
+    assert "4 rows, last step 4" in all_text(at)
+
+
+def test_garbage_file_named_as_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    junk = tmp_path / "junk.csv"
+    junk.write_text("a,b\nx,y\n")
+    at = make_app(monkeypatch, junk).run()
+    assert not at.exception
+    assert len(at.error) == 1
+    assert "junk\\.csv" in at.error[0].value and "unknown format" in at.error[0].value
+
+
+def test_query_string_cannot_leave_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "root"
+    write_run(root / "inside", 5)
+    write_run(tmp_path / "outside", 5)  # a real run, but not under ROOT
+    (root / "link").symlink_to(tmp_path / "outside")  # nor through a symlink
+    at = make_app(monkeypatch, root, query="../outside").run()
+    assert not at.exception
+    assert at.multiselect[0].options == ["inside"]
+    assert any("Ignored" in w.value and "outside" in w.value for w in at.warning)
+    assert "outside" not in json.dumps(at.session_state["lld_runs"])
+    at2 = make_app(monkeypatch, root, query="link").run()
+    assert any("Ignored" in w.value for w in at2.warning)
+    assert at2.multiselect[0].options == ["inside"]
+    at3 = make_app(monkeypatch, root, query="inside").run()
+    assert at3.multiselect[0].value == ["inside"]
+    assert not at3.warning
+
+
+def test_two_runs_overlaid_with_a_legend_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_run(tmp_path / "vanilla", 20)
+    write_run(tmp_path / "llds", 25)
+    at = make_app(monkeypatch, tmp_path).run()
+    at.multiselect[0].set_value(["llds", "vanilla"]).run()
+    assert not at.exception
+    spec = chart_spec(at)
+    groups = {d.get("legendgroup") for d in spec["data"]}
+    assert {"llds", "vanilla"} <= groups
+    colors = {d["legendgroup"]: d["line"]["color"] for d in spec["data"] if "line" in d}
+    assert colors["llds"] != colors["vanilla"]
+    assert step_slider(at).value == (0, 24)
+    assert at.query_params["run"] == ["llds", "vanilla"]  # the choice is in the URL
+    at.multiselect[0].set_value([]).run()
+    assert not at.exception
+    assert any("Select one or more runs" in i.value for i in at.info)
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+
+def test_ema_by_hand() -> None:
+    # w = 0.5: s0 = 1; s1 = 0.5*1 + 0.5*3 = 2; NaN kept as NaN; s3 = 0.5*2 + 0.5*6 = 4
+    out = charts.ema(np.array([1.0, 3.0, np.nan, 6.0]), 0.5)
+    assert out[0] == 1.0 and out[1] == 2.0 and math.isnan(out[2]) and out[3] == 4.0
+    with pytest.raises(ValueError, match="EMA weight"):
+        charts.ema(np.array([1.0]), 1.0)
+
+
+def test_decimate_keeps_spikes_and_ends() -> None:
+    x = np.arange(10_000, dtype=float)
+    y = np.zeros(10_000)
+    y[1234] = 50.0  # a grad-norm spike
+    y[7777] = -3.0  # a dip
+    xs, ys = charts.decimate(x, y, 200)
+    assert len(xs) <= 202
+    assert 1234.0 in xs and 7777.0 in xs and xs[0] == 0.0 and xs[-1] == 9999.0
+    assert ys.max() == 50.0 and ys.min() == -3.0
+    assert np.all(np.diff(xs) > 0)
+
+
+def test_slice_steps_inclusive() -> None:
+    df = pd.DataFrame({C.STEP: [0, 2, 4, 6, 8]})
+    assert charts.slice_steps(df, (2, 6))[C.STEP].tolist() == [2, 4, 6]
+
+
+def test_token_colours_and_escaping() -> None:
+    assert tok.delta_color(-1.0, 1.0) == "rgba(214,39,40,0.85)"  # fell: red, saturated
+    assert tok.delta_color(0.5, 1.0) == "rgba(44,160,44,0.42)"  # rose: green, 0.5 * 0.85 = 0.425
+    assert tok.delta_color(float("nan"), 1.0) == "transparent"
+    rows = pd.DataFrame(
+        {
+            C.TOK_POSITION: [1, 0],
+            C.TOK_TEXT: ['"x" & y', "<b>"],
+            C.TOK_ACTION: [0, 0],
+            C.TOK_GENERATED: [1, 1],
+            C.TOK_DELTA: [-0.1, 0.1],
+        }
+    )
+    html = tok.render_tokens_html(rows)
+    assert html.index("&lt;b&gt;") < html.index("&quot;x&quot; &amp; y")  # sorted by position
+    assert "lld-gap" not in html  # positions 0, 1: nothing skipped
+    sparse = tok.render_tokens_html(rows.assign(**{C.TOK_POSITION: [5, 2]}))
+    # positions 2 and 5 shown: 0-1 skipped before, 3-4 between
+    assert sparse.count("lld-gap") == 2
+    assert 'title="2 position(s) not sampled"' in sparse
+
+
+def test_response_table_by_hand() -> None:
+    rows = pd.DataFrame(
+        {
+            C.TOK_RESPONSE: [0, 0, 0, 1],
+            C.TOK_GENERATED: [1, 0, 1, 1],
+            C.TOK_DELTA: [-0.5, np.nan, 0.2, 0.1],
+            C.TOK_REWARD: [1.0, 1.0, 1.0, 0.0],
+        }
+    )
+    table = tok.response_table(rows)
+    # response 0: generated deltas -0.5 and 0.2 -> sum -0.3, min -0.5; response 1: 0.1
+    assert table["change (shown tokens)"].tolist() == pytest.approx([-0.3, 0.1])
+    assert table["most negative change"].tolist() == pytest.approx([-0.5, 0.1])
+    assert table["generated shown"].tolist() == [2, 1]
+    no_delta = tok.response_table(rows.drop(columns=[C.TOK_DELTA]))
+    assert no_delta["change (shown tokens)"].isna().all()  # NaN, not an error
+
+
+def test_column_store_appends_without_losing_rows() -> None:
+    store = sources.ColumnStore()
+    store.append(pd.DataFrame({C.STEP: [0, 1], C.REWARD_MEAN: [0.1, 0.2]}))
+    store.append(pd.DataFrame({C.STEP: [2], C.GRAD_NORM: [3.0]}))
+    frame = store.frame()
+    assert frame[C.STEP].tolist() == [0, 1, 2]
+    assert frame[C.REWARD_MEAN].tolist()[:2] == [0.1, 0.2] and math.isnan(frame[C.REWARD_MEAN][2])
+    assert math.isnan(frame[C.GRAD_NORM][0]) and frame[C.GRAD_NORM][2] == 3.0
+
+
+def test_resolve_inside_refuses_escapes(tmp_path: Path) -> None:
+    (tmp_path / "root" / "a").mkdir(parents=True)
+    (tmp_path / "secret").mkdir()
+    root = (tmp_path / "root").resolve()
+    assert sources.resolve_inside(root, "a") == root / "a"
+    assert sources.resolve_inside(root, "../secret") is None
+    assert sources.resolve_inside(root, str(tmp_path / "secret")) is None  # absolute path
+    assert sources.resolve_inside(root, "missing") is None
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def test_command_defaults_to_loopback(tmp_path: Path) -> None:
+    from lld_monitor.cli import build_parser
+    from lld_monitor.cli import dashboard as cmd
+
+    args = build_parser().parse_args(["dashboard", str(tmp_path)])
+    line = cmd.build_command(args, cmd.find_app())
+    assert line[line.index("--server.address") + 1] == "127.0.0.1"
+    assert line[line.index("--server.port") + 1] == "8501"
+    assert line[line.index("--") + 1] == str(tmp_path.resolve())
+    assert cmd.find_app() == APP
+    assert cmd.is_loopback("127.0.0.2") and cmd.is_loopback("::1")
+    assert not cmd.is_loopback("0.0.0.0") and not cmd.is_loopback("example.org")
+
+
+def test_command_rejects_missing_paths_and_bad_port(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lld_monitor.cli import build_parser, main
+
+    assert main(["dashboard", str(tmp_path / "nope")]) == 2
+    assert "no such run or folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["dashboard", "--port", "70000"])
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_command_warns_on_other_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lld_monitor.cli import dashboard as cmd
+    from lld_monitor.cli import main
+
+    launched: list[list[str]] = []
+    monkeypatch.setattr(cmd, "serve", lambda argv: launched.append(argv) or 0)  # no server
+    port = str(_free_port())
+    assert main(["dashboard", str(tmp_path), "--host", "0.0.0.0", "--port", port]) == 0
+    assert "WARNING" in capsys.readouterr().err
+    assert launched and launched[0][launched[0].index("--server.address") + 1] == "0.0.0.0"
+    assert main(["dashboard", str(tmp_path), "--port", port]) == 0
+    assert "WARNING" not in capsys.readouterr().err
+
+
+def test_command_refuses_a_host_it_cannot_listen_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    from lld_monitor.cli import main
+
+    assert main(["dashboard", str(tmp_path), "--host", "not_a_host"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--host 'not_a_host' is not an address" in err[0]
+    with socket.socket() as busy:  # a port someone already listens on
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["dashboard", str(tmp_path), "--port", str(port)]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_dashboard_stops_when_its_pid_gets_a_stop_signal(tmp_path: Path, sig: str) -> None:
+    import signal
+    import subprocess
+    import time
+    import urllib.request
+
+    write_run(tmp_path / "exp1", 5)
+    port = _free_port()
+    argv = [sys.executable, "-m", "lld_monitor.cli", "dashboard", str(tmp_path)]
+    # its own session: the signal reaches the CLI's PID only, as `kill PID` does
+    proc = subprocess.Popen(
+        [*argv, "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, "the dashboard exited before serving"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "no answer on /_stcore/health within 90 s"
+                time.sleep(0.3)
+        proc.send_signal(getattr(signal, sig))
+        t0 = time.monotonic()
+        assert proc.wait(timeout=15) == 0
+        while _port_open(port):  # before the fix: Streamlit, re-parented, kept serving
+            assert time.monotonic() - t0 < 5, f"port {port} still served 5 s after {sig}"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # a left-over server of a failed run
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")
+def test_discover_skips_symlinks_out_of_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    write_run(root / "a", 3)
+    write_run(tmp_path / "elsewhere", 3)
+    (root / "b").symlink_to(tmp_path / "elsewhere")
+    scope = sources.build_scope([root])
+    assert [t.name for t in scope.targets] == ["a"]
+
+
+def test_simulated_spiral_shows_the_analyzers_phases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.runlog import load_run
+    from lld_monitor.testing import make_run
+    from lld_monitor.testing import write_run as write_simulated
+
+    path = write_simulated(make_run("collapse", n_steps=260, seed=3), tmp_path / "sim")
+    expected = analyze_run(load_run(path).steps)  # what the analyzer says, independently
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    text = all_text(at)
+    assert "SIMULATED" in text
+    assert f"**Phase**  \n{expected.phases[-1].phase}  \n" in text
+    spec = chart_spec(at)
+    rects = [s for s in spec["layout"]["shapes"] if s.get("type") == "rect"]
+    # each segment shaded from halfway after the previous one's last step to halfway before the
+    # next one's first step (so that they touch), the outer edges half a step wide
+    segs = expected.phases
+    edges = [segs[0].start_step - 0.5]
+    edges += [(a.end_step + b.start_step) / 2 for a, b in itertools.pairwise(segs)]
+    edges += [segs[-1].end_step + 0.5]
+    assert [(r["x0"], r["x1"]) for r in rects] == list(itertools.pairwise(edges))
+    assert [r["fillcolor"] for r in rects] == [
+        charts.PHASE_COLORS[s.phase] for s in expected.phases
+    ]
+    events = next(d for d in spec["data"] if d.get("name") == "sim · events")
+    analyzer_steps = sorted(float(a.step) for a in expected.alerts)
+    assert sorted(arr(events["x"]).tolist()) == analyzer_steps  # no logged events: all post hoc
+    assert all("(analyzer)" in t for t in events["text"])
+
+
+def test_drilldown_step_stays_chosen_when_new_samples_arrive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = write_run(tmp_path / "exp1", 50, close=False)  # token samples at step 40
+    sample = w.path / "tokens"
+    assert sample.is_dir()
+    one = [{C.TOK_RESPONSE: 0, C.TOK_POSITION: 0, C.TOK_TEXT: "x", C.TOK_DELTA: -0.1}]
+    w.log_tokens(one, step=45)
+    at = make_app(monkeypatch, tmp_path).run()
+    step_box = at.selectbox(key="lld_drill_step:exp1")
+    assert step_box.options == ["45", "40"] and step_box.value == 45  # newest first
+    step_box.set_value(40).run()
+    w.log_tokens(one, step=48)
+    at.run()
+    step_box = at.selectbox(key="lld_drill_step:exp1")
+    assert step_box.options == ["48", "45", "40"]
+    assert step_box.value == 40  # the user's choice, not the newest step
+    w.close()
+
+
+def test_app_arguments() -> None:
+    args = sources.parse_app_args(["runs", "--refresh", "2", "--stale", "30"])
+    assert args.paths == (Path("runs"),) and args.refresh_s == 2.0 and args.stale_s == 30.0
+    assert sources.parse_app_args([]).paths == (Path.cwd(),)
+
+
+def test_reanalysis_runs_in_the_background(tmp_path: Path) -> None:
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.runlog import load_run
+
+    w = write_run(tmp_path / "run", 40, close=False)
+    live = sources.LiveRun(sources.Target("run", (tmp_path / "run").resolve(), "run"))
+    assert live.refresh() == 40
+    live.ensure_analysis()  # the first analysis is synchronous
+    assert live.analysis.phases[-1].end_step == 39 and not live.analysis_pending
+    for s in range(40, 45):  # +12.5%: below the 25% growth that triggers a new analysis
+        w.log_step(step_row(s))
+    assert live.refresh() == 5
+    live.ensure_analysis()
+    assert live._pending is None and live.analysis.phases[-1].end_step == 39
+    for s in range(45, 60):  # 60 rows >= 1.25 * 40
+        w.log_step(step_row(s))
+    live.refresh()
+    live.ensure_analysis()
+    assert live._pending is not None  # submitted, not waited for
+    live.wait_analysis(timeout=60)
+    expected = analyze_run(load_run(tmp_path / "run").steps)
+    assert [(p.phase, p.start_step, p.end_step) for p in live.analysis.phases] == [
+        (p.phase, p.start_step, p.end_step) for p in expected.phases
+    ]
+    assert live.analysis.phases[-1].end_step == 59
+    w.close()
+
+
+def test_sparse_column_draws_its_logged_points() -> None:
+    # delta_correct logged on steps 4, 8, 12 only (one probe per rollout batch of 4 updates):
+    # the trace must hold exactly those 3 points (a NaN-broken line would draw nothing)
+    steps = pd.DataFrame(
+        {
+            C.STEP: np.arange(1, 13),
+            C.REWARD_MEAN: np.linspace(0.1, 0.6, 12),
+            C.DELTA_CORRECT: [np.nan, np.nan, np.nan, -1.0] * 2 + [np.nan, np.nan, np.nan, 0.5],
+        }
+    )
+    fig = charts.build_figure([charts.RunSeries("r", steps)], ema_weight=0.0)
+    traces = [t for t in fig.data if t.name == f"r · {C.DELTA_CORRECT}"]
+    assert len(traces) == 1
+    assert list(traces[0].x) == [4.0, 8.0, 12.0]
+    assert list(traces[0].y) == [-1.0, -1.0, 0.5]
+    reward = next(t for t in fig.data if t.name == f"r · {C.REWARD_MEAN}")
+    assert len(reward.x) == 12
+
+
+# --- one chart definition: the report and the dashboard ------------------------------------------
+
+
+def probed_every_8th(n: int = 64) -> pd.DataFrame:
+    """Reward on every step; the probe's columns (logp, Delta, share displaced) on every 8th."""
+    s = np.arange(1, n + 1)
+    probed = s % 8 == 0
+    return pd.DataFrame(
+        {
+            C.STEP: s,
+            C.REWARD_MEAN: 0.2 + 0.005 * s,
+            C.LOGP_CORRECT: np.where(probed, -0.5 - 0.01 * s, np.nan),
+            C.DELTA_CORRECT: np.where(probed, -0.02 * s, np.nan),
+            C.FRAC_CORRECT_DISPLACED: np.where(probed, 0.3 + 0.004 * s, np.nan),
+        }
+    )
+
+
+PROBE_COLUMNS = (C.LOGP_CORRECT, C.DELTA_CORRECT, C.FRAC_CORRECT_DISPLACED)
+
+
+def plotly_data_in_html(page: str) -> list[dict]:
+    """The traces that ``Plotly.newPlot(id, data, layout)`` in a written HTML page draws."""
+    at = page.index("Plotly.newPlot(")
+    at = page.index(",", at) + 1  # past the div id
+    data, _ = json.JSONDecoder().raw_decode(page[at:].lstrip())
+    return data
+
+
+def test_probe_columns_on_every_8th_step_hold_points_in_report_and_dashboard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.report import write_report
+
+    df = probed_every_8th()
+    expected_x = [8.0, 16.0, 24.0, 32.0, 40.0, 48.0, 56.0, 64.0]
+    # the report: the HTML file as written
+    page = write_report(df, analyze_run(df), tmp_path / "r.html").read_text(encoding="utf-8")
+    data = plotly_data_in_html(page)
+    for col in PROBE_COLUMNS:
+        trace = next(d for d in data if d.get("name", "").endswith(f"· {col}"))
+        assert arr(trace["x"]).tolist() == expected_x, col
+        assert np.isfinite(arr(trace["y"])).all()
+        assert "lines" in trace["mode"]
+    logp = next(d for d in data if d["name"].endswith(f"· {C.LOGP_CORRECT}"))
+    assert arr(logp["y"]).tolist() == pytest.approx([-0.5 - 0.01 * x for x in expected_x])
+    # the dashboard: the same run as a run folder, the chart's spec as the page receives it
+    w = RunWriter(tmp_path / "runs" / "probed")
+    for rec in df.to_dict("records"):
+        w.log_step({k: v for k, v in rec.items() if not (isinstance(v, float) and math.isnan(v))})
+    w.close()
+    at = make_app(monkeypatch, tmp_path / "runs").run()
+    assert not at.exception
+    spec = chart_spec(at)
+    for col in PROBE_COLUMNS:
+        raw = next(d for d in spec["data"] if d.get("name") == f"probed · {col} (raw)")
+        assert arr(raw["x"]).tolist() == expected_x, col
+        assert np.isfinite(arr(raw["y"])).all()
+
+
+def test_one_run_colours_signals_several_runs_colour_runs() -> None:
+    df = probed_every_8th(16)
+    one = charts.build_figure([charts.RunSeries("a", df)], ema_weight=0.0)
+    colours = {t.name: t.line.color for t in one.data if t.type == "scatter" and t.line.color}
+    assert colours["a · logp_correct"] == colours["a · delta_correct"] == "#138a7e"
+    assert colours["a · reward_mean"] != colours["a · logp_correct"]
+    assert not one.layout.showlegend  # the panel titles name the colours
+    bands = (charts.Band("healthy", 1, 8), charts.Band("decay", 9, 16))
+    two = charts.build_figure(
+        [charts.RunSeries("a", df, bands), charts.RunSeries("b", df, bands[:1])], ema_weight=0.0
+    )
+    by_run = {t.name: t.line.color for t in two.data if t.type == "scatter" and t.line.color}
+    assert by_run["a · reward_mean"] == by_run["a · logp_correct"] == charts.RUN_COLORS[0]
+    assert by_run["b · reward_mean"] == charts.RUN_COLORS[1]
+    assert two.layout.showlegend
+    assert [t.name for t in two.data if t.showlegend is not False] == ["a", "b"]  # runs only
+    # each run's phases on its own lane of the strip; no shading that belongs to one run only
+    lanes = {t.name: (list(t.y), list(t.base)) for t in two.data if t.type == "bar"}
+    assert lanes == {"a · phases": ([0, 0], [0.5, 8.5]), "b · phases": ([1], [0.5])}
+    assert not [s for s in two.layout.shapes if s.type == "rect"]
+
+
+def test_value_repeated_on_consecutive_steps_is_drawn_once() -> None:
+    # steps 1-4 copy one rollout batch's value, then 5-8 the next: a staircase becomes a ramp
+    x = np.arange(1.0, 9.0)
+    y = np.array([1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0])
+    xs, ys = charts.logged_points(x, y)
+    assert xs.tolist() == [1.0, 5.0, 8.0] and ys.tolist() == [1.0, 2.0, 2.0]
+    # the same value at steps 4 and 8 (probe every 4th step) is two measurements: both kept
+    xs, ys = charts.logged_points(np.array([4.0, 8.0, 12.0]), np.array([-1.0, -1.0, 0.5]))
+    assert xs.tolist() == [4.0, 8.0, 12.0]
+
+
+def test_any_alert_kind_is_a_marker_and_a_point_maps_back_to_its_run() -> None:
+    df = probed_every_8th(16)
+    marks = (charts.Marker(9, "alert", "kl_blowup", "critical", "KL 40x its median", "analyzer"),)
+    fig = charts.build_figure([charts.RunSeries("a", df, (), marks)], ema_weight=0.0)
+    events = next(t for t in fig.data if t.name == "a · events")
+    assert list(events.x) == [9] and "kl_blowup [critical]" in events.text[0]
+    reward = next(i for i, t in enumerate(fig.data) if t.name == "a · reward_mean")
+    assert charts.point_step(fig, {"curve_number": reward, "x": 12}) == ("a", 12.0)
+    assert charts.point_step(fig, {"curve_number": 999, "x": 12}) is None
+
+
+def test_query_run_dot_slash_shows_that_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_run(tmp_path / "short", 5)
+    write_run(tmp_path / "long", 12)
+    at = make_app(monkeypatch, tmp_path, query="./long").run()
+    assert not at.exception and not at.warning
+    assert at.multiselect[0].value == ["long"]
+    assert "12 rows, last step 11" in all_text(at)
+    at = make_app(monkeypatch, tmp_path, query="../nope_run").run()
+    message = next(w.value for w in at.warning if "Ignored" in w.value)
+    assert "`" not in message  # escapes inside a code span would show as backslashes
+    assert "nope" in message
+
+
+def test_several_updates_per_rollout_batch_draw_one_point_per_batch() -> None:
+    from lld_monitor.testing import make_run
+
+    # 4 optimizer steps per rollout batch repeat the batch's reward and logp: one point each
+    # batch (steps 0, 4, 8, ...) and the last step, not a staircase of 120 points
+    steps = make_run("collapse", n_steps=120, seed=1, rows_per_batch=4).steps
+    fig = charts.build_figure([charts.RunSeries("r", steps)], ema_weight=0.0)
+    reward = next(t for t in fig.data if t.name == f"r · {C.REWARD_MEAN}")
+    assert list(reward.x) == [*range(0, 120, 4), 119]
+    batch_first = steps[C.REWARD_MEAN].to_numpy()[::4]
+    assert list(reward.y[:-1]) == pytest.approx(batch_first.tolist())
+    entropy = next(t for t in fig.data if t.name == f"r · {C.ENTROPY}")
+    assert len(entropy.x) == 120  # a per-update signal keeps every step

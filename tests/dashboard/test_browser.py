@@ -1,0 +1,264 @@
+"""The dashboard in a real headless Chromium (Debian's ``chromium``, driven by Playwright).
+
+Starts ``lld-monitor dashboard ROOT`` on a free local port, checks that the charts render, that
+rows appended to the live run log appear, and that the drill-down shows the tokens (as text, not
+markup). Screenshots go to ``test-artifacts/``. Skips when Chromium or Playwright is missing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lld_monitor import columns as C
+from lld_monitor.events import make_event
+from lld_monitor.runlog import RunWriter
+
+pytestmark = pytest.mark.browser
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright missing (test extra)")
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+#: Page coordinates of the point of trace ``name`` at step ``x`` (plotly's axis mappings).
+CLICK_TARGET_JS = """(g, [name, x]) => {
+  const t = g._fullData.find(d => d.name === name);
+  const xs = Array.from(t.x), ys = Array.from(t.y);
+  const i = xs.indexOf(x);
+  const xa = g._fullLayout[t.xaxis.replace('x', 'xaxis')];
+  const ya = g._fullLayout[t.yaxis.replace('y', 'yaxis')];
+  const box = g.getBoundingClientRect();
+  return [box.left + xa._offset + xa.l2p(xs[i]), box.top + ya._offset + ya.l2p(ys[i])];
+}"""
+#: A token whose text would run script if it were inserted as markup.
+EVIL = '<img src=x onerror="window.__lld_pwned=1">'
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _row(s: int) -> dict[str, float]:
+    return {
+        C.STEP: s,
+        C.REWARD_MEAN: 0.2 + 0.01 * s,
+        C.ACCURACY: 0.1 + 0.01 * s,
+        C.LOGP_CORRECT: -0.5 - 0.01 * s,
+        C.LOGP_INCORRECT: -0.9,
+        C.FRAC_CORRECT_DISPLACED: 0.4,
+        C.GRAD_NORM: 1.0 + 0.05 * s,
+        C.ENTROPY: 0.8,
+    }
+
+
+@pytest.fixture
+def live_run(tmp_path: Path) -> Iterator[tuple[Path, RunWriter]]:
+    """ROOT with one live run: 30 steps, an alert, token samples at step 20; writer left open."""
+    root = tmp_path / "runs"
+    w = RunWriter(root / "exp1", fsync_every_s=0)
+    for s in range(30):
+        w.log_step(_row(s))
+    w.log_event(make_event("alert", 25, "stagnation", "logp of correct responses flat", "warning"))
+    tokens = [
+        ("<search>", 0, 1, -0.6),
+        ("capital", 0, 1, 0.3),
+        (EVIL, -1, 0, math.nan),
+        ("<answer>", 1, 1, -1.2),
+    ]
+    w.log_tokens(
+        [
+            {
+                C.TOK_RESPONSE: 0,
+                C.TOK_POSITION: i,
+                C.TOK_TEXT: text,
+                C.TOK_ACTION: action,
+                C.TOK_GENERATED: gen,
+                C.TOK_DELTA: delta,
+                C.TOK_REWARD: 1.0,
+                C.TOK_ADVANTAGE: 0.7,
+            }
+            for i, (text, action, gen, delta) in enumerate(tokens)
+        ],
+        step=20,
+    )
+    yield root, w
+    w.close()
+
+
+@pytest.fixture
+def server(live_run: tuple[Path, RunWriter]) -> Iterator[str]:
+    """The real CLI, ``lld-monitor dashboard ROOT --port P``, in its own process group."""
+    root, _ = live_run
+    port = _free_port()
+    ARTIFACTS.mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "lld_monitor.cli", "dashboard", str(root), "--port", str(port)]
+    cmd += ["--refresh", "1"]
+    out = open(ARTIFACTS / "dashboard-server.log", "wb")  # the server's output, kept for CI
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"dashboard exited with code {proc.returncode} before serving")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass  # not listening yet
+            if time.monotonic() > deadline:
+                pytest.fail("dashboard did not answer /_stcore/health within 90 s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=15)
+        out.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (make browser)")
+def test_dashboard_in_chromium(server: str, live_run: tuple[Path, RunWriter]) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    _, writer = live_run
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            page.goto(server, wait_until="domcontentloaded")
+            # the header of the run, then the plotly figure with its traces drawn
+            page.get_by_text("30 rows, last step 29").wait_for(timeout=60_000)
+            plot = page.locator(".js-plotly-plot").first
+            plot.wait_for(timeout=60_000)
+            page.wait_for_function(
+                "() => { const g = document.querySelector('.js-plotly-plot');"
+                " return g && g._fullLayout && g.data && g.data.length > 0; }",
+                timeout=60_000,
+            )
+            names = plot.evaluate("g => g.data.map(t => t.name)")
+            assert f"exp1 · {C.REWARD_MEAN}" in names
+            assert "exp1 · events" in names
+            assert page.locator(".js-plotly-plot .main-svg").count() > 0
+
+            # appending rows to the run log: the new step appears without reloading the page
+            for s in range(30, 36):
+                writer.log_step(_row(s))
+            page.get_by_text("36 rows, last step 35").wait_for(timeout=30_000)
+            page.wait_for_function(
+                "() => { const g = document.querySelector('.js-plotly-plot');"
+                # _fullData: plotly's decoded traces (g.data keeps the base64 typed arrays)
+                " const t = g && g._fullData.find(d => d.name === 'exp1 · reward_mean (raw)');"
+                " return t && Math.max(...Array.from(t.x)) === 35; }",
+                timeout=30_000,
+            )
+            page.screenshot(path=str(ARTIFACTS / "dashboard-charts.png"), full_page=True)
+
+            # click-through: a click on the reward curve at step 20 opens that step's tokens
+            page.get_by_text("Click a point of the chart").wait_for(timeout=30_000)
+            x, y = plot.evaluate(CLICK_TARGET_JS, [f"exp1 · {C.REWARD_MEAN} (raw)", 20])
+            page.mouse.move(x, y)
+            page.mouse.click(x, y)
+            page.get_by_text("Tokens of step 20 · exp1").wait_for(timeout=30_000)
+            page.locator(".lld-tok").first.wait_for(timeout=30_000)
+            assert page.locator(".lld-tok").all_inner_texts()[:2] == ["<search>", "capital"]
+            page.screenshot(path=str(ARTIFACTS / "dashboard-click-through.png"), full_page=True)
+
+            # the Drill-down tab (the chart's tokens hide with their tab): step 20, coloured,
+            # tool feedback as plain text
+            page.get_by_role("tab", name="Drill-down").click()
+            token = page.locator(".lld-tok:visible").first
+            token.wait_for(timeout=30_000)
+            texts = page.locator(".lld-tok:visible").all_inner_texts()
+            assert texts[:2] == ["<search>", "capital"]
+            assert EVIL in texts  # shown as text
+            assert page.evaluate("() => window.__lld_pwned === undefined")
+            assert page.locator(".lld-action:visible").count() == 2
+            page.screenshot(path=str(ARTIFACTS / "dashboard-drilldown.png"), full_page=True)
+        finally:
+            browser.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (make browser)")
+def test_report_page_draws_sparse_probe_columns_in_chromium(tmp_path: Path) -> None:
+    import numpy as np
+    import pandas as pd
+
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.report import write_report
+
+    s = np.arange(1, 65)
+    probed = s % 8 == 0  # the probe's columns exist on every 8th step only
+    df = pd.DataFrame(
+        {
+            C.STEP: s,
+            C.REWARD_MEAN: 0.2 + 0.005 * s,
+            C.LOGP_CORRECT: np.where(probed, -0.5 - 0.01 * s, np.nan),
+            C.DELTA_CORRECT: np.where(probed, -0.02 * s, np.nan),
+            C.FRAC_CORRECT_DISPLACED: np.where(probed, 0.3 + 0.004 * s, np.nan),
+        }
+    )
+    out = write_report(df, analyze_run(df), tmp_path / "report.html")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            page.goto(out.as_uri(), wait_until="load")
+            page.wait_for_function(
+                "() => { const g = document.querySelector('.js-plotly-plot');"
+                " return g && g._fullData && g._fullData.length > 0; }",
+                timeout=60_000,
+            )
+            for col in (C.LOGP_CORRECT, C.DELTA_CORRECT, C.FRAC_CORRECT_DISPLACED):
+                drawn = page.evaluate(
+                    """(suffix) => {
+                      const g = document.querySelector('.js-plotly-plot');
+                      const i = g._fullData.findIndex(d => d.name.endsWith(suffix));
+                      const t = g._fullData[i];
+                      // what plotly drew for the trace: its line and its point markers
+                      const layer = g.querySelectorAll('.scatterlayer .trace')[
+                        g.calcdata.findIndex(c => c[0].trace.index === i)
+                      ];
+                      const line = layer.querySelector('path.js-line');
+                      return [
+                        Array.from(t.x),
+                        line ? line.getAttribute('d') : '',
+                        layer.querySelectorAll('.points path').length,
+                      ];
+                    }""",
+                    f"· {col}",
+                )
+                xs, d, n_points = drawn
+                assert xs == [8, 16, 24, 32, 40, 48, 56, 64], col
+                assert n_points == 8, col  # every logged point drawn
+                # joined by one line from the first to the last point (a NaN-broken line of
+                # isolated points draws no segment at all)
+                assert d.startswith("M") and "L" in d, (col, d)
+            page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+        finally:
+            browser.close()
