@@ -24,6 +24,7 @@ already, and the phase machine's ``collapse_persist_steps`` would cost a sparse 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Mapping
@@ -104,6 +105,7 @@ class _Block:
         "means",
         "n_blocks",
         "pending",
+        "sd_cache",
         "total",
         "w",
     )
@@ -122,6 +124,9 @@ class _Block:
         self.diffs: deque[float] = deque(maxlen=noise_blocks)
         self.means: deque[float] = deque(maxlen=noise_blocks)  # the last block means
         self.folded: deque[float] = deque(maxlen=8)  # the last means clear of the recent window
+        # noise_sd(local=True / False), a function of the block means: computed again only after
+        # a block completes or folds (not saved: rebuilt from the state on demand)
+        self.sd_cache: list[float | None] = [None, None]
 
     def noise_sd(self, local: bool) -> float:
         """Robust sd of one block mean: the larger of the median |difference| of consecutive
@@ -130,6 +135,14 @@ class _Block:
         differences): the last few means clear of the recent window (``local``, for the level
         just before it) or the last ``noise_blocks`` (for the best block of the run); NaN
         before 3 blocks."""
+        cached = self.sd_cache[local]
+        if cached is not None:
+            return cached
+        sd = self._noise_sd(local)
+        self.sd_cache[local] = sd
+        return sd
+
+    def _noise_sd(self, local: bool) -> float:
         # (a log of exact constants has few non-zero differences: the fall itself, maybe)
         sd = _median(self.diffs) / 0.9539 if len(self.diffs) >= 3 else 0.0
         pool = self.folded if local else self.means
@@ -152,8 +165,10 @@ class _Block:
             self.means.append(m)
             self.pending.append((row, m))
             self.total, self.count = 0.0, 0
+            self.sd_cache = [None, None]
         pend = self.pending
         while pend and pend[0][0] <= row - self.w:
+            self.sd_cache = [None, None]
             end, m = pend.popleft()
             self.n_blocks += 1
             self.folded.append(m)
@@ -186,6 +201,7 @@ class _Block:
         self.means.extend(float(v) for v in d["means"])
         self.folded.clear()
         self.folded.extend(float(v) for v in d["folded"])
+        self.sd_cache = [None, None]
 
 
 class _Baseline:
@@ -195,19 +211,20 @@ class _Baseline:
 
     __slots__ = ("dirty", "every", "stats_", "values")
 
-    def __init__(self, n: int, every: int = 4) -> None:
+    def __init__(self, n: int, every: int = 8) -> None:
         self.values: deque[float] = deque(maxlen=n)
         self.every = every
         self.dirty = 0
         self.stats_ = (_NAN, _NAN, _NAN)
 
     def push(self, v: float) -> None:
-        self.values.append(v)
-        self.dirty += 1
-        if self.dirty >= self.every or len(self.values) <= 3:
-            self.dirty = 0
-            vals = self.values
-            self.stats_ = (_median(vals), min(vals), max(vals)) if len(vals) >= 3 else (_NAN,) * 3
+        vals = self.values
+        vals.append(v)
+        d = self.dirty + 1
+        if d >= self.every or (d == 3 and self.stats_[0] != self.stats_[0]):
+            d = 0  # (the first stats come at 3 values, then every ``every`` values)
+            self.stats_ = (_median(vals), min(vals), max(vals))
+        self.dirty = d
 
     def stats(self) -> tuple[float, float, float]:
         return self.stats_
@@ -247,8 +264,8 @@ def _detrended_mad(values: Any) -> float:
 
 
 def _value(s: Any, name: str) -> float:
-    v = getattr(s, name, _NAN)
-    return _NAN if v is None else float(v)
+    """The row's value of a column (``Signals`` holds every one as a float, NaN when missing)."""
+    return getattr(s, name)
 
 
 class LevelShiftCollapse(Check):
@@ -276,6 +293,7 @@ class LevelShiftCollapse(Check):
         self.rank = 0
         self.pending: Alert | None = None
         self._rows = 0  # rows with a finite reward
+        self._row_sd = _NAN  # noise sd from the row differences (NaN: to be computed again)
         self._first_step = _NAN
         self._start_sum = 0.0
         self._last = _NAN  # last reward
@@ -283,6 +301,7 @@ class LevelShiftCollapse(Check):
         self._diffs: deque[float] = deque(maxlen=cfg.noise_rows)  # |consecutive differences|
         ws = sorted({*cfg.windows, cfg.corroborated_window})
         self._blocks = {w: _Block(w) for w in ws}
+        self._block_list = list(self._blocks.values())
         self._base: dict[str, _Baseline] = {k: _Baseline(cfg.baseline_rows) for k in self._SIGNALS}
         self._low_since = _NAN  # step since which the uncorroborated condition has held
         self._low_rows = 0  # rows it has held on
@@ -332,9 +351,10 @@ class LevelShiftCollapse(Check):
         # new observation of the noise: it is left out of the noise estimates
         if self._last == self._last and rw != self._last:
             self._diffs.append(abs(rw - self._last))
+            self._row_sd = _NAN
         self._last = rw
         self._recent.append(rw)
-        for b in self._blocks.values():
+        for b in self._block_list:
             b.push(row, rw)
         corro = self._corroboration(s)
         self._corro_rows.append(bool(corro))
@@ -357,16 +377,17 @@ class LevelShiftCollapse(Check):
         return b.best == b.best and len(self._recent) >= w and b.n_blocks >= self.shift.min_blocks
 
     def _highest_line(self) -> float:
-        """The highest "near the start" line over the windows that can be tested: a reward
-        above it cannot be a collapse at any window."""
-        start = self.start_level
-        top = _NAN
-        for w, b in self._blocks.items():
-            if self._eligible(w, b) and not b.best <= top:
+        """The highest "near the start" line over the windows that can be tested (those with
+        ``min_blocks`` blocks clear of them): a reward above it cannot be a collapse at any."""
+        need = self.shift.min_blocks
+        top = -math.inf
+        for b in self._blocks.values():
+            if b.n_blocks >= need and b.best > top:
                 top = b.best
-        if top != top:
-            return -math.inf
-        return start + self.shift.keep_frac * max(top - start, 0.0)
+        if top == -math.inf:
+            return top
+        start = self._start_sum / min(self._rows, self.shift.start_rows)
+        return start + self.shift.keep_frac * (top - start if top > start else 0.0)
 
     def _back_up(self) -> bool:
         """The low level is over: the mean of the shortest window is back above its line (one
@@ -377,7 +398,7 @@ class LevelShiftCollapse(Check):
             return True
         start, recent = self.start_level, self._recent
         line = start + self.shift.keep_frac * max(b.best - start, 0.0)
-        return sum(recent[-i] for i in range(1, w + 1)) / w > line
+        return sum(itertools.islice(reversed(recent), w)) / w > line
 
     def _rearm(self) -> None:
         """After an alert: re-arm once the recent mean of the shortest window is back above
@@ -388,7 +409,7 @@ class LevelShiftCollapse(Check):
         start, recent = self.start_level, self._recent
         if self._eligible(w, b):
             gain = max(b.best - start, 0.0)
-            r = sum(recent[-i] for i in range(1, w + 1)) / w
+            r = sum(itertools.islice(reversed(recent), w)) / w
             if r > start + cfg.rearm_frac * gain:
                 self._fired = self._fallen = False
                 self._low_since = _NAN
@@ -425,8 +446,10 @@ class LevelShiftCollapse(Check):
             if not (ref > 0.0 and drop >= cfg.min_drop_frac * ref):
                 continue
             if sigma != sigma:
-                row_sd = _median(self._diffs) / 0.9539 if len(self._diffs) >= 3 else 0.0
-                sigma = max(row_sd, cfg.min_noise_frac * ref)
+                if self._row_sd != self._row_sd:  # (NaN: stale since the last difference)
+                    d = self._diffs
+                    self._row_sd = _median(d) / 0.9539 if len(d) >= 3 else 0.0
+                sigma = max(self._row_sd, cfg.min_noise_frac * ref)
             # sd of one w-row mean: white noise from the row differences, or what the block
             # means themselves scatter by (autocorrelated noise), whichever is larger
             white = sigma / math.sqrt(w)
