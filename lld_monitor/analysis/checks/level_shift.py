@@ -64,6 +64,7 @@ class LevelShiftConfig:
     # steps the run has had (a transient dip of a long run is not a collapse)
     hold_steps: float = 8.0
     hold_frac: float = 0.1
+    hold_cap: float = 200.0  # ... at most this many steps (a long run's collapse is not slower)
     # ... or, in a sparse log (rows sparse_gap steps apart or more), this many rows with new
     # values, spanning hold_steps at least: a 40-row log logged every 5 steps has no finer time
     hold_rows: int = 3
@@ -495,7 +496,7 @@ class LevelShiftCollapse(Check):
             self._low_rows += 1
         if not corro:
             held_for = step - self._low_since
-            hold = max(cfg.hold_steps, cfg.hold_frac * (step - self._first_step))
+            hold = max(cfg.hold_steps, min(cfg.hold_frac * (step - self._first_step), cfg.hold_cap))
             gap = (step - self._first_step) / max(self._rows - 1, 1)  # steps between rows
             sparse_ok = (
                 gap >= cfg.sparse_gap
