@@ -109,8 +109,7 @@ def summary_text(df: pd.DataFrame, analysis: Any) -> str:
     lines.append(f"alerts:   {len(alerts)}")
     for a in alerts:
         lines.append(f"  step {a.step} [{a.severity}] {a.kind}: {a.message}")
-    collapse = analysis.collapse_step
-    lines.append(f"collapse: {'none detected' if collapse is None else f'step {collapse}'}")
+    lines.append(f"collapse: {collapse_line(analysis)}")
     lines.append(f"signals used:    {', '.join(analysis.signals_used) or 'none'}")
     lines.append(f"signals missing: {', '.join(analysis.signals_missing) or 'none'}")
     for note in all_notes(df, analysis):
@@ -181,3 +180,19 @@ def warmup_note(analysis: Any, df: pd.DataFrame) -> str | None:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+#: Alerts of a run that failed outright without a collapse of the reward (not LLD).
+FAILED_KINDS: tuple[str, ...] = ("mode_collapse", "nonfinite")
+
+
+def collapse_line(analysis: Any) -> str:
+    """The ``collapse:`` line: the step, or what else failed outright, or that none was seen
+    (a mode collapse can hold the reward while the run is dead: it is named here too)."""
+    if analysis.collapse_step is not None:
+        return f"step {analysis.collapse_step}"
+    failed = [a for a in analysis.alerts if a.kind in FAILED_KINDS]
+    if failed:
+        first = failed[0]
+        return f"none in the reward; {first.kind} at step {first.step} ({first.severity}, not LLD)"
+    return "none detected"

@@ -350,3 +350,24 @@ def test_fail_on_severity_ranks(capsys):
         main(["analyze", run, "--fail-on", "info"])
     assert exc.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_the_collapse_line_names_a_mode_collapse_that_kept_the_reward(tmp_path, capsys):
+    """A run whose completions shrank to a few tokens while the reward held is not reported
+    as 'collapse: none detected': the line names the mode collapse (a warning, not LLD)."""
+    from lld_monitor.datasets import make_standard_run, write_run
+
+    # the first seed (from 3) whose mode collapse keeps the reward (the generator flips a coin)
+    for seed in range(3, 40):
+        run = make_standard_run("mode_collapse", seed, short=True)
+        r = run.steps[C.REWARD_MEAN]
+        if abs(r.iloc[-5:].mean() - r.iloc[len(r) // 3 : len(r) // 2].mean()) < 0.1:
+            break
+    path = write_run(run, tmp_path / "run")
+    assert main(["analyze", str(path)]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("collapse:"))
+    step = next(a for a in re.finditer(r"step (\d+) \[warning\] mode_collapse", out))
+    assert line == f"collapse: none in the reward; mode_collapse at step {step.group(1)} " + (
+        "(warning, not LLD)"
+    ), out
