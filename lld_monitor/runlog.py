@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
 import math
 import os
 import platform
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -28,6 +30,8 @@ from typing import Any
 import pandas as pd
 
 from lld_monitor import columns as C
+
+logger = logging.getLogger("lld_monitor")
 
 #: Version of the on-disk format this module writes and the newest one it reads.
 SCHEMA_VERSION = 1
@@ -42,6 +46,13 @@ CLOSED_FILE = "closed.json"
 DEFAULT_TOKEN_BUDGET_BYTES = 50_000_000
 #: Default fsync cadence of the step log, in seconds (events and closing are always fsynced).
 DEFAULT_FSYNC_EVERY_S = 1.0
+#: Default bytes of rows and events a writer holds in memory while its files cannot be written
+#: (a full disk), retried before the next write; beyond it the oldest held rows are lost.
+DEFAULT_MAX_PENDING_BYTES = 8 * 1024 * 1024
+#: Seconds between two warnings about write failures (every episode is reported, rate-limited).
+WRITE_WARNING_EVERY_S = 60.0
+#: Steps named one by one in a ``log_recovered`` event; beyond it only ranges are kept.
+_MAX_STEPS_NAMED = 1000
 
 # Packages whose versions go into meta.json (read from installed metadata, never imported).
 _VERSIONED_PACKAGES = (
@@ -152,13 +163,188 @@ def _package_versions() -> dict[str, str]:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one.
+
+    On failure (a full disk) the temporary file is removed before the error propagates.
+    """
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError as exc:
+            logger.warning("lld_monitor: could not remove %s (%s); delete it by hand", tmp, exc)
+        raise
+
+
+def _step_ranges(steps: list[int]) -> str:
+    """``[3, 4, 5, 9]`` as ``"3-5, 9"`` (sorted, repeats merged)."""
+    parts: list[str] = []
+    ordered = sorted(set(steps))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+@dataclass
+class _Episode:
+    """One stretch of failed writes to one file, from the first failure to the next success."""
+
+    error: str
+    started: float = field(default_factory=time.monotonic)
+    n_failures: int = 1
+    delayed: list[int | None] = field(default_factory=list)  # held, then written
+    lost: list[int | None] = field(default_factory=list)  # dropped from the memory bound
+    n_delayed: int = 0
+    n_lost: int = 0
+
+    def note(self, kind: str, step: int | None) -> None:
+        names = self.delayed if kind == "delayed" else self.lost
+        if len(names) < _MAX_STEPS_NAMED:
+            names.append(step)
+        if kind == "delayed":
+            self.n_delayed += 1
+        else:
+            self.n_lost += 1
+
+
+class _AppendLog:
+    """One append-only JSON-lines file, written a whole line at a time.
+
+    A write that fails (an OSError such as ENOSPC, or a short write the retry cannot finish) is
+    cut back to the end of the last complete line, so no torn line is ever followed by another;
+    the line is held in memory (at most ``max_pending_bytes``, oldest dropped first and counted as
+    lost) and written before the next one. Not thread-safe: the writer holds its lock.
+    """
+
+    def __init__(self, path: Path, max_pending_bytes: int) -> None:
+        self.path = path
+        self.max_pending_bytes = max_pending_bytes
+        self.file = open(path, "ab", buffering=0)  # unbuffered: a line is one write() call
+        self.size = self.file.seek(0, os.SEEK_END)  # end of the last complete line
+        self.dirty = False  # bytes past ``size`` may be on disk (cutting them back failed)
+        self.pending: deque[tuple[int | None, bytes]] = deque()
+        self.pending_bytes = 0
+        self.episode: _Episode | None = None
+        self.n_written = 0
+        self.n_lost = 0
+
+    def append(self, line: bytes, step: int | None) -> tuple[bool, _Episode | None]:
+        """Queue ``line`` and write what is queued; returns (all written, episode just over)."""
+        self.pending.append((step, line))
+        self.pending_bytes += len(line)
+        return self.flush(fresh=True)
+
+    def flush(self, *, fresh: bool = False) -> tuple[bool, _Episode | None]:
+        """Write the held lines in order; returns (all written, the episode that just ended).
+
+        ``fresh``: the last held line is the one being appended now (written on time if it goes).
+        """
+        while self.pending:
+            step, line = self.pending[0]
+            error = self._write_line(line)
+            if error is not None:
+                self._failed(error)
+                return False, None
+            self.pending.popleft()
+            self.pending_bytes -= len(line)
+            self.n_written += 1
+            on_time = fresh and not self.pending
+            if self.episode is not None and not on_time:
+                self.episode.note("delayed", step)
+        ended, self.episode = self.episode, None
+        return True, ended
+
+    def _write_line(self, line: bytes) -> OSError | None:
+        """Write ``line`` whole at the end of the last complete line; the error if it failed."""
+        try:
+            if self.dirty:
+                self.file.truncate(self.size)
+                self.dirty = False
+            done = 0
+            while done < len(line):
+                n = self.file.write(line[done:])
+                if not n:  # a short write that made no progress: the disk is full
+                    raise OSError(28, f"wrote {done} of {len(line)} bytes", str(self.path))
+                done += n
+        except OSError as exc:
+            self._cut_back()
+            return exc
+        self.size += len(line)
+        return None
+
+    def _cut_back(self) -> None:
+        """Truncate a partly written line away (retried before the next write if this fails)."""
+        try:
+            self.file.truncate(self.size)
+            self.dirty = False
+        except OSError:
+            self.dirty = True
+
+    def _failed(self, error: OSError) -> None:
+        if self.episode is None:
+            self.episode = _Episode(error=f"{type(error).__name__}: {error}")
+        else:
+            self.episode.n_failures += 1
+        while self.pending_bytes > self.max_pending_bytes and self.pending:
+            step, line = self.pending.popleft()
+            self.pending_bytes -= len(line)
+            self.n_lost += 1
+            self.episode.note("lost", step)
+
+    def drop_pending(self) -> _Episode | None:
+        """At close: count what is still held as lost; the open episode, if any."""
+        while self.pending:
+            step, _ = self.pending.popleft()
+            self.n_lost += 1
+            if self.episode is not None:
+                self.episode.note("lost", step)
+        self.pending_bytes = 0
+        ended, self.episode = self.episode, None
+        return ended
+
+    def fsync(self) -> OSError | None:
+        try:
+            os.fsync(self.file.fileno())
+        except OSError as exc:
+            return exc
+        return None
+
+    def close(self) -> None:
+        try:
+            self.file.close()
+        except OSError as exc:
+            logger.warning("lld_monitor: closing %s failed: %s", self.path, exc)
+
+
+class _RateLimitedWarnings:
+    """``logger.warning`` at most once per ``every_s``; the next one says how many were held."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self._last = -math.inf
+        self._held = 0
+
+    def warn(self, msg: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self._last < self.every_s:
+            self._held += 1
+            return
+        if self._held:
+            msg += f" ({self._held} more write warning(s) held back in the last {self.every_s:g} s)"
+            self._held = 0
+        self._last = now
+        logger.warning(msg, *args)
 
 
 # --- checks shared by reader and writer ---------------------------------------------------------
@@ -271,7 +457,14 @@ def _token_parquet(rows: pd.DataFrame | list[dict[str, Any]], step: int) -> byte
 
 
 class RunWriter:
-    """Append-only writer of one run folder; thread-safe; one writer per folder (rank 0)."""
+    """Append-only writer of one run folder; thread-safe; one writer per folder (rank 0).
+
+    A full or failing disk never raises from ``log_step``/``log_event``/``log_tokens``: a row is
+    written whole or not at all, rows that cannot be written are held in memory (at most
+    ``max_pending_bytes``) and written before the next one, and once writing works again a
+    ``log_recovered`` event says which steps were written late and which were lost. Every failure
+    episode is logged as a warning (at most one per ``WRITE_WARNING_EVERY_S``).
+    """
 
     def __init__(
         self,
@@ -281,7 +474,13 @@ class RunWriter:
         resume: bool = False,
         fsync_every_s: float = DEFAULT_FSYNC_EVERY_S,
         token_budget_bytes: int = DEFAULT_TOKEN_BUDGET_BYTES,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
     ) -> None:
+        if max_pending_bytes < 0:
+            raise ValueError(
+                f"max_pending_bytes must be >= 0 (0 = drop a row that cannot be written), "
+                f"got {max_pending_bytes}"
+            )
         if fsync_every_s < 0:
             raise ValueError(f"fsync_every_s must be >= 0 (0 = every row), got {fsync_every_s}")
         if token_budget_bytes < 0:
@@ -292,8 +491,11 @@ class RunWriter:
         self._lock = threading.Lock()
         self._closed = False
         self._budget_event_logged = False
-        self._n_steps = 0
         self._last_step: int | None = None
+        self.max_pending_bytes = int(max_pending_bytes)
+        self._fail_warnings = _RateLimitedWarnings(WRITE_WARNING_EVERY_S)
+        self._recover_warnings = _RateLimitedWarnings(WRITE_WARNING_EVERY_S)
+        self.n_token_files_failed = 0  # token samples that could not be written (disk full)
 
         if self.path.exists() and not self.path.is_dir():
             raise RunFormatError(f"{self.path} is a file; RunWriter needs a folder path")
@@ -333,8 +535,8 @@ class RunWriter:
             _write_atomic(self.path / META_FILE, _dumps(self.meta))
 
         # Unbuffered: each row is one write() call, visible to readers at once.
-        self._steps = open(self.path / STEPS_FILE, "ab", buffering=0)
-        self._events = open(self.path / EVENTS_FILE, "ab", buffering=0)
+        self._steps = _AppendLog(self.path / STEPS_FILE, self.max_pending_bytes)
+        self._events = _AppendLog(self.path / EVENTS_FILE, self.max_pending_bytes)
         self._last_fsync = time.monotonic()
         self._token_bytes = sum(
             f.stat().st_size for f in (self.path / TOKENS_DIR).glob("*.parquet") if f.is_file()
@@ -395,8 +597,19 @@ class RunWriter:
 
     @property
     def n_steps(self) -> int:
-        """Number of step rows this writer wrote (not counting rows from before a resume)."""
-        return self._n_steps
+        """Step rows this writer wrote whole to the file (not rows held in memory, lost ones,
+        or rows from before a resume)."""
+        return self._steps.n_written
+
+    @property
+    def rows_lost(self) -> int:
+        """Step rows that could not be written (disk full beyond ``max_pending_bytes``)."""
+        return self._steps.n_lost
+
+    @property
+    def rows_pending(self) -> int:
+        """Step rows held in memory, waiting for the disk to take them."""
+        return len(self._steps.pending)
 
     @property
     def token_bytes(self) -> int:
@@ -416,12 +629,12 @@ class RunWriter:
         line = _dumps(record)
         with self._lock:
             self._require_open()
-            self._steps.write(line)
-            self._n_steps += 1
             self._last_step = record[C.STEP]
+            ok, ended = self._steps.append(line, record[C.STEP])
+            self._report(self._steps, ok, ended)
             now = time.monotonic()
-            if now - self._last_fsync >= self.fsync_every_s:
-                os.fsync(self._steps.fileno())
+            if ok and now - self._last_fsync >= self.fsync_every_s:
+                self._fsync(self._steps)
                 self._last_fsync = now
 
     def log_event(self, event: Mapping[str, Any]) -> None:
@@ -432,8 +645,77 @@ class RunWriter:
             self._write_event(line)
 
     def _write_event(self, line: bytes) -> None:
-        self._events.write(line)
-        os.fsync(self._events.fileno())
+        ok, ended = self._events.append(line, None)
+        self._report(self._events, ok, ended)
+        if ok:
+            self._fsync(self._events)
+
+    def _fsync(self, log: _AppendLog) -> None:
+        error = log.fsync()
+        if error is not None:
+            self._fail_warnings.warn(
+                "lld_monitor: fsync of %s failed (%s); its last rows may not be on disk yet",
+                log.path,
+                error,
+            )
+
+    def _report(self, log: _AppendLog, ok: bool, ended: _Episode | None) -> None:
+        """Warn when a failure episode starts; record the end of one (the lock is held)."""
+        if not ok and log.episode is not None and log.episode.n_failures == 1:
+            self._fail_warnings.warn(
+                "lld_monitor: cannot write %s (%s); training continues: up to %d bytes of rows "
+                "are held in memory and written when the disk takes them again (free space on "
+                "that disk), older ones are lost and counted in a log_recovered event",
+                log.path,
+                log.episode.error,
+                log.max_pending_bytes,
+            )
+        if ended is not None:
+            self._log_recovered(log, ended, recovered=True)
+
+    def _log_recovered(self, log: _AppendLog, ep: _Episode, *, recovered: bool) -> None:
+        """The ``log_recovered`` event of a failure episode: steps written late, steps lost."""
+        what = "rows" if log is self._steps else "events"
+        lost = _step_ranges([s for s in ep.lost if s is not None])
+        delayed = _step_ranges([s for s in ep.delayed if s is not None])
+        seconds = time.monotonic() - ep.started
+        head = (
+            f"{log.path.name} is written again after {seconds:.1f} s of failed writes"
+            if recovered
+            else f"{log.path.name} still failed at close after {seconds:.1f} s"
+        )
+        message = (
+            f"{head} ({ep.error}): {ep.n_lost} {what} lost"
+            + (f" (steps {lost})" if lost else "")
+            + f", {ep.n_delayed} held in memory and written late"
+            + (f" (steps {delayed})" if delayed else "")
+        )
+        evidence = {
+            "file": log.path.name,
+            "error": ep.error,
+            "seconds": round(seconds, 3),
+            "n_failed_writes": ep.n_failures,
+            f"{what}_lost": ep.n_lost,
+            "steps_lost": lost,
+            f"{what}_delayed": ep.n_delayed,
+            "steps_delayed": delayed,
+        }
+        self._recover_warnings.warn("lld_monitor: %s", message)
+        line = _event_line(
+            {
+                C.EVENT_TYPE: "lifecycle",
+                C.EVENT_STEP: self._last_step,
+                C.EVENT_KIND: "log_recovered" if recovered else "log_failed",
+                C.EVENT_SEVERITY: "warning" if ep.n_lost or not recovered else "info",
+                C.EVENT_MESSAGE: message,
+                C.EVENT_EVIDENCE: evidence,
+            }
+        )
+        ok, ended = self._events.append(line, None)
+        if ended is not None:  # the events file itself recovered with this very line
+            self._log_recovered(self._events, ended, recovered=True)
+        elif not ok and self._events.episode is not None and self._events.episode.n_failures == 1:
+            self._report(self._events, ok, None)
 
     def log_tokens(self, rows: pd.DataFrame | list[dict[str, Any]], step: int) -> bool:
         """Store token rows of ``step`` as one Parquet file; False if dropped (budget) or empty."""
@@ -450,7 +732,18 @@ class RunWriter:
                 log_budget = False
                 name = f"step{step:09d}_{self._token_seq:06d}.parquet"
                 self._token_seq += 1
-                _write_atomic(self.path / TOKENS_DIR / name, data)
+                try:
+                    _write_atomic(self.path / TOKENS_DIR / name, data)
+                except OSError as exc:
+                    self.n_token_files_failed += 1
+                    self._fail_warnings.warn(
+                        "lld_monitor: token samples of step %d not written (%s); the step row "
+                        "is kept (%d token sample file(s) lost so far)",
+                        step,
+                        exc,
+                        self.n_token_files_failed,
+                    )
+                    return False
                 self._token_bytes += len(data)
                 return True
         if log_budget:
@@ -490,18 +783,42 @@ class RunWriter:
             if self._closed:
                 return
             self._closed = True
+            ok, ended = self._steps.flush()  # a last try for rows held in memory
+            self._report(self._steps, ok, ended)
+            open_episode = self._steps.drop_pending()
+            if open_episode is not None:
+                self._log_recovered(self._steps, open_episode, recovered=False)
             self._write_event(line)
-            os.fsync(self._steps.fileno())
+            self._fsync(self._steps)
+            events_episode = self._events.drop_pending()
+            if events_episode is not None:
+                logger.warning(
+                    "lld_monitor: %d event(s) could not be written to %s before close (%s)",
+                    events_episode.n_lost,
+                    self._events.path,
+                    events_episode.error,
+                )
             self._steps.close()
             self._events.close()
             closed = {
                 "closed": True,
                 "end_time": time.time(),
                 "outcome": "ok" if error is None else "error",
-                "n_steps": self._n_steps,
+                "n_steps": self._steps.n_written,
                 "last_step": self._last_step,
+                "rows_lost": self._steps.n_lost,
             }
-            _write_atomic(self.path / CLOSED_FILE, _dumps(closed))
+            try:
+                _write_atomic(self.path / CLOSED_FILE, _dumps(closed))
+            except OSError as exc:
+                logger.warning(
+                    "lld_monitor: could not write %s (%s): readers will take the run for a "
+                    "live or crashed one; free space and write it with RunWriter(%r, "
+                    "resume=True).close()",
+                    self.path / CLOSED_FILE,
+                    exc,
+                    str(self.path),
+                )
 
     def __enter__(self) -> RunWriter:
         return self

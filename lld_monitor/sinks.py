@@ -7,12 +7,12 @@ No torch here; wandb is imported only when a ``WandbSink`` first needs it.
 
 from __future__ import annotations
 
+import collections
 import http.client
 import json
 import logging
 import math
 import os
-import queue
 import sys
 import threading
 import time
@@ -292,6 +292,10 @@ class WandbSink(Sink):
         )
 
 
+#: Seconds ``WebhookSink.close()`` waits beyond its ``timeout`` (the worker's last log line).
+_CLOSE_SLACK_S = 0.25
+
+
 class WebhookSink(Sink):
     """Alerts as Slack-compatible JSON ``{"text": ...}`` POSTs; deduplicated, rate-limited, safe.
 
@@ -299,8 +303,11 @@ class WebhookSink(Sink):
     and mentioned in the next message). At most one POST per ``min_interval_s``: alerts arriving
     sooner wait and go out together at the next call after the interval (a critical one goes at
     once). POSTs run on a background thread (``background=True``), so a slow or unreachable
-    endpoint never stalls training; failures are logged, never raised; ``close()`` waits about
-    ``timeout`` seconds per message still queued.
+    endpoint never stalls training; failures are logged, never raised. A POST that times out,
+    cannot connect or gets a 5xx/429 answer is retried up to ``retries`` times, after
+    ``backoff_s``, then twice that, ...; at most ``max_queue`` messages wait (the oldest is
+    dropped beyond it). ``close()`` waits at most ``timeout`` seconds in all, whatever is queued,
+    and logs how many alerts it could not deliver (``n_dropped``).
     """
 
     def __init__(
@@ -314,6 +321,9 @@ class WebhookSink(Sink):
         run_name: str | None = None,
         background: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        retries: int = 2,
+        backoff_s: float = 0.5,
+        max_queue: int = 100,
     ) -> None:
         url = url or os.environ.get(WEBHOOK_ENV)
         if not url:
@@ -323,6 +333,11 @@ class WebhookSink(Sink):
             raise ValueError(f"webhook URL must start with http:// or https://, got {url!r}")
         if timeout <= 0 or min_interval_s < 0:
             raise ValueError("timeout must be > 0 and min_interval_s >= 0 (seconds)")
+        if retries < 0 or backoff_s < 0 or max_queue < 1:
+            raise ValueError(
+                f"retries and backoff_s must be >= 0 and max_queue >= 1, got retries={retries}, "
+                f"backoff_s={backoff_s}, max_queue={max_queue}"
+            )
         self.url = url
         self.timeout = timeout
         self.min_interval_s = min_interval_s
@@ -330,16 +345,27 @@ class WebhookSink(Sink):
         self.min_severity = _check_severity("min_severity", min_severity)
         self.run_name = run_name
         self.background = background
+        self.retries = int(retries)
+        self.backoff_s = float(backoff_s)
+        self.max_queue = int(max_queue)
         self._clock = clock
-        self._queue: queue.Queue[str | None] = queue.Queue()
+        # Messages waiting for the worker, each with the number of alerts it carries.
+        self._queue: collections.deque[tuple[str, int]] = collections.deque()
+        self._cond = threading.Condition()
+        self._in_flight = 0  # alerts in the message the worker is sending
+        self._closing = threading.Event()
+        self._abandoned = False  # close() gave up on the worker: it counts nothing more
         self._worker: threading.Thread | None = None
         self._pending: list[Alert] = []
         self._last_post = -math.inf
         self._last_sent: dict[tuple[str, str], float] = {}
         self._suppressed: dict[tuple[str, str], int] = {}
+        self._warned_full = False
         self.n_posts = 0  # successful POSTs
-        self.n_failed = 0  # POSTs that failed (logged)
+        self.n_failed = 0  # POSTs that failed after their retries (logged)
+        self.n_retries = 0  # retried attempts
         self.n_suppressed = 0  # alerts dropped as duplicates
+        self.n_dropped = 0  # alerts never sent: queue full, or still queued when close() gave up
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> WebhookSink | None:
@@ -368,20 +394,46 @@ class WebhookSink(Sink):
             self.alert(event)
 
     def close(self) -> None:
-        """Send what the rate limit still holds and wait (bounded) for queued POSTs."""
+        """Send what the rate limit still holds; wait at most ``timeout`` s for queued POSTs.
+
+        Alerts not delivered by then are counted in ``n_dropped`` and logged; a POST still in
+        flight is abandoned to its daemon thread (no retry after close).
+        """
         self._flush(force=True)
-        if self._worker is not None and self._worker.is_alive():
-            limit = self.timeout * (self._queue.qsize() + 1) + 1.0
-            self._queue.put(None)
-            self._worker.join(timeout=limit)
+        worker = self._worker
+        if worker is None or not worker.is_alive() or self._abandoned:
+            return
+        t0 = time.monotonic()
+        with self._cond:
+            self._closing.set()
+            self._cond.notify_all()
+        # A POST in flight gives up at its socket timeout: one timeout (and a little) is enough.
+        worker.join(timeout=self.timeout + _CLOSE_SLACK_S)
+        with self._cond:
+            if not worker.is_alive():
+                return
+            self._abandoned = True
+            dropped = self._in_flight + sum(n for _, n in self._queue)
+            self._queue.clear()
+            self.n_dropped += dropped
+        logger.warning(
+            "lld_monitor: webhook %s did not finish within %.1f s at close: %d alert(s) not "
+            "delivered (%d dropped in all); check the endpoint, or pass a smaller timeout",
+            self._safe_url(),
+            time.monotonic() - t0,
+            dropped,
+            self.n_dropped,
+        )
 
     def wait(self, timeout: float = 30.0) -> bool:
         """Block until the queued POSTs are done (True) or ``timeout`` seconds pass (False)."""
         deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
+        with self._cond:
+            while self._queue or self._in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
         return True
 
     def message(self, alerts: list[Alert]) -> str:
@@ -408,24 +460,86 @@ class WebhookSink(Sink):
         for a in batch:
             self._last_sent[(a.kind, a.severity)] = now
         if not self.background:
-            self._post(text)
+            self._send_message(text)
             return
-        if self._worker is None or not self._worker.is_alive():
-            self._worker = threading.Thread(target=self._work, name="lld-webhook", daemon=True)
-            self._worker.start()
-        self._queue.put(text)
+        self._enqueue(text, len(batch))
+
+    def _enqueue(self, text: str, n_alerts: int) -> None:
+        """Queue a message for the worker (started on first use); the oldest goes when full."""
+        with self._cond:
+            if self._closing.is_set():
+                self.n_dropped += n_alerts
+                return
+            dropped = 0
+            while len(self._queue) >= self.max_queue:
+                dropped += self._queue.popleft()[1]
+            self.n_dropped += dropped
+            self._queue.append((text, n_alerts))
+            self._cond.notify_all()
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._work, name="lld-webhook", daemon=True)
+                self._worker.start()
+        if dropped and not self._warned_full:
+            self._warned_full = True
+            logger.warning(
+                "lld_monitor: webhook %s is behind: %d messages wait, the oldest alerts are "
+                "dropped (%d so far; pass max_queue=... to keep more)",
+                self._safe_url(),
+                self.max_queue,
+                self.n_dropped,
+            )
 
     def _work(self) -> None:
         while True:
-            text = self._queue.get()
-            try:
-                if text is None:
+            with self._cond:
+                while not self._queue and not self._closing.is_set():
+                    self._cond.wait()
+                if not self._queue:
                     return
-                self._post(text)
+                text, self._in_flight = self._queue.popleft()
+            try:
+                self._send_message(text)
             finally:
-                self._queue.task_done()
+                with self._cond:
+                    self._in_flight = 0
+                    self._cond.notify_all()
 
-    def _post(self, text: str) -> None:
+    def _send_message(self, text: str) -> None:
+        """POST ``text``, retrying timeouts, connection errors and 5xx/429 with backoff."""
+        attempt = 0
+        while True:
+            error, retry = self._post(text)
+            with self._cond:
+                if self._abandoned:
+                    return  # close() counted this message as dropped already
+                if error is None:
+                    self.n_posts += 1
+                    return
+                give_up = not retry or attempt >= self.retries or self._closing.is_set()
+                if give_up:
+                    self.n_failed += 1
+                else:
+                    self.n_retries += 1
+            if give_up:
+                tries = f" after {attempt + 1} attempts" if attempt else ""
+                logger.warning(
+                    "lld_monitor: webhook POST to %s failed%s: %s", self._safe_url(), tries, error
+                )
+                return
+            if self._closing.wait(self.backoff_s * 2**attempt):
+                logger.warning(
+                    "lld_monitor: webhook POST to %s failed (%s); not retried, the sink is closing",
+                    self._safe_url(),
+                    error,
+                )
+                with self._cond:
+                    if not self._abandoned:
+                        self.n_failed += 1
+                return
+            attempt += 1
+
+    def _post(self, text: str) -> tuple[BaseException | None, bool]:
+        """One POST: (None, _) on success, else (the error, whether a retry may help)."""
         body = json.dumps({"text": text}).encode("utf-8")
         request = urllib.request.Request(
             self.url, data=body, headers={"Content-Type": "application/json"}, method="POST"
@@ -433,12 +547,13 @@ class WebhookSink(Sink):
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 response.read()
-        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
-            # HTTPError (4xx/5xx) and socket timeouts are URLError/OSError subclasses
-            self.n_failed += 1
-            logger.warning("lld_monitor: webhook POST to %s failed: %s", self._safe_url(), exc)
-            return
-        self.n_posts += 1
+        except urllib.error.HTTPError as exc:  # an answer: retry only the server's trouble
+            return exc, exc.code >= 500 or exc.code == 429
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+            return exc, True  # timeouts, refused or reset connections
+        except ValueError as exc:
+            return exc, False
+        return None, False
 
     def _safe_url(self) -> str:
         """The URL without its path (webhook paths are secrets)."""

@@ -437,14 +437,14 @@ def test_webhook_failures_and_timeouts_are_logged_not_raised(
 ) -> None:
     base, received = hook_server
     with caplog.at_level(logging.WARNING, logger="lld_monitor"):
-        WebhookSink(f"{base}/fail", background=False).alert(DECAY)  # HTTP 500
-        slow = WebhookSink(f"{base}/slow", timeout=0.3)
+        WebhookSink(f"{base}/fail", background=False, retries=0).alert(DECAY)  # HTTP 500
+        slow = WebhookSink(f"{base}/slow", timeout=0.3, retries=0)
         t0 = time.monotonic()
         slow.alert(COLLAPSE)  # the server answers after 1.5 s
         queued = time.monotonic() - t0
         slow.close()
         closed = time.monotonic() - t0
-        refused = WebhookSink("http://127.0.0.1:9/hook", timeout=1, background=False)
+        refused = WebhookSink("http://127.0.0.1:9/hook", timeout=1, background=False, retries=0)
         refused.alert(DECAY)  # nothing listens on port 9
     assert queued < 0.25  # on the background thread: the training step is not held up
     assert closed < 1.2  # the POST gave up at its 0.3 s timeout, not after the 1.5 s answer

@@ -150,7 +150,6 @@ class LLDMonitor:
         self.writer: Any | None = None
         self.adapter: Any | None = None
         self.step = 0  # the step the next end_step() writes (unless given)
-        self.rows_written = 0
         self.last_row: dict[str, Any] = {}
         self.last_probe: ProbeRecord | None = None
         self.should_stop = False  # set by stop_on_collapse; adapters copy it into control
@@ -205,6 +204,11 @@ class LLDMonitor:
                 self.writer,
                 make_event("lifecycle", self.step, "attach", f"monitor attached to {trainer}"),
             )
+
+    @property
+    def rows_written(self) -> int:
+        """Step rows this monitor wrote whole to the run log (held or lost rows not counted)."""
+        return 0 if self.writer is None else int(self.writer.n_steps)
 
     def _config_meta(self) -> dict[str, Any]:
         return monitor_config.config_meta(
@@ -556,7 +560,6 @@ class LLDMonitor:
         self.last_row = row
         if self.rank == 0 and self.writer is not None and not self._replaying(step):
             self.dispatch.row(row)
-            self.rows_written += 1
             self.tokens.write(self.writer, step)
         self._check_zero_std(row, step)
         self._detect(row, step)

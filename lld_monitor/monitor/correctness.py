@@ -8,7 +8,10 @@ A response is **correct** when, in order of precedence:
 2. else, with ``correct_reward="<name>"``, that reward function's raw reward is
    ``>= correct_threshold``;
 3. else the total reward (TRL: the weighted sum of the functions) is ``>= correct_threshold``;
-4. else, with no reward known (e.g. verl's policy loss), its advantage is ``> 0``.
+4. else, with no reward known (e.g. verl's policy loss), its advantage is ``> 0``;
+5. with neither rewards nor advantages (nor ``correct_fn``) nothing is known: every response is
+   unscored (:meth:`CorrectnessRule.judges` is False), so every column computed from
+   correctness is missing (NaN), never 0.
 
 **Unscored** responses (total reward NaN: TRL's reward functions all returned None) are neither
 correct nor incorrect: they are left out of accuracy, the prompt groups and both likelihood
@@ -84,6 +87,17 @@ class CorrectnessRule:
                 f"correct_reward={self.reward!r} is not a reward function of this trainer; its "
                 f"reward functions are {names}"
             )
+
+    def judges(
+        self,
+        rewards: torch.Tensor | None,
+        advantages: torch.Tensor | None,
+        rewards_per_func: Mapping[str, torch.Tensor] | None = None,
+    ) -> bool:
+        """False when the batch carries nothing to judge by (no correct_fn, reward, advantage)."""
+        if self.correct_fn is not None or advantages is not None:
+            return True
+        return self.rule_rewards(rewards, rewards_per_func) is not None
 
     def rule_rewards(
         self,

@@ -88,6 +88,9 @@ def observe_rollout(
             acc.add_reward_fn(name, r)
     correct = rule(rewards, advantages, batch, device, rewards_per_func)  # [B] bool
     rule_r = rule.rule_rewards(rewards, rewards_per_func)  # [B] or None
+    if not rule.judges(rewards, advantages, rewards_per_func):
+        # nothing known about correctness: every response unscored (NaN), never "incorrect"
+        rewards = torch.full((batch,), float("nan"), device=device)  # [B]
     acc.add_rollout(
         logp_old, mask, correct, rewards, entropy, kl, num_searches, rule_rewards=rule_r
     )

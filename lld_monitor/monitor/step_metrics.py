@@ -388,6 +388,8 @@ def row_from_sums(host: list[float], reward_fns: Sequence[str]) -> dict[str, Any
         row.update({c: conf_row[c] for c in C.CONFIDENCE_COLUMNS})
     if s["n_probe"] > 0:
         disp_row = stats_from_sums(disp).as_row()
+        if disp_row[C.N_CORRECT] + disp_row[C.N_INCORRECT] == 0:  # no probed response judged
+            disp_row[C.N_CORRECT] = disp_row[C.N_INCORRECT] = float("nan")
         row.update({c: disp_row[c] for c in C.DISPLACEMENT_COLUMNS})
     if s["inbatch_n_correct"] > 0:
         n_in, k_in = s["inbatch_n_correct"], s["inbatch_n_displaced"]
