@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -52,4 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unavailable:
         print(f"lld-monitor {args.command}: not available: {unavailable}", file=sys.stderr)
         return 2
-    return int(_load(args.command).run(args) or 0)
+    try:
+        return int(_load(args.command).run(args) or 0)
+    except BrokenPipeError:
+        # the reader went away (``lld-monitor analyze RUN | head -3``): no traceback; stdout is
+        # pointed at /dev/null so that the interpreter's final flush does not fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0

@@ -42,8 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load, analyse, print. Exit 2: unreadable or unknown file, bad option; 1: cannot analyse
-    or write, or (``--fail-on``) an alert of at least that severity was found."""
+    """Load, analyse, print. Exit 0: done; 1: (``--fail-on``) an alert of at least that
+    severity was found; 2: could not analyse (unreadable or unknown file, a table that cannot be
+    analysed, a report that cannot be written, a bad option)."""
     if args.html is not None and not args.html.strip():
         print("lld-monitor analyze: --html needs a file name (got an empty one)", file=sys.stderr)
         return 2
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             f"lld-monitor analyze: cannot analyse {args.path}: {_one_line(str(exc))}",
             file=sys.stderr,
         )
-        return 1
+        return 2
     if args.html:
         from lld_monitor.report import write_report
 
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                 f"lld-monitor analyze: cannot write {args.html}: {_one_line(str(exc))}",
                 file=sys.stderr,
             )
-            return 1
+            return 2
         print(f"lld-monitor analyze: wrote {out}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(json_result(df, analysis)))
@@ -125,8 +126,20 @@ def summary_text(df: pd.DataFrame, analysis: Any) -> str:
 
 def json_result(df: pd.DataFrame, analysis: Any) -> dict[str, Any]:
     """The ``--json`` object: the analysis plus what the text says about the input."""
+    out = analysis.to_dict()
+    # every alert with the numbers behind it (a CI script need not parse the message)
+    out["alerts"] = [
+        {
+            "step": a.step,
+            "kind": a.kind,
+            "severity": a.severity,
+            "message": a.message,
+            "evidence": _plain_json(a.evidence),
+        }
+        for a in analysis.alerts
+    ]
     return {
-        **analysis.to_dict(),
+        **out,
         "source": str(df.attrs.get("source_path", "")),
         "format": df.attrs.get("source_format"),
         "rows": len(df),
@@ -196,3 +209,17 @@ def collapse_line(analysis: Any) -> str:
         first = failed[0]
         return f"none in the reward; {first.kind} at step {first.step} ({first.severity}, not LLD)"
     return "none detected"
+
+
+def _plain_json(v: Any) -> Any:
+    """``v`` with every non-finite float as None (strict JSON has no NaN or Infinity)."""
+    if isinstance(v, dict):
+        return {str(k): _plain_json(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain_json(x) for x in v]
+    if isinstance(v, float | np.floating):
+        f = float(v)
+        return f if np.isfinite(f) else None
+    if isinstance(v, np.integer | np.bool_):
+        return v.item()
+    return v

@@ -91,7 +91,9 @@ def test_json_equals_the_analysis_of_the_imported_table(tmp_path, capsys):
     assert main(["analyze", str(path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     expected = json.loads(json.dumps(analyze_run(load_table(path)).to_dict()))
+    evidence = [a.pop("evidence") for a in doc["alerts"]]  # (--json adds each alert's numbers)
     assert {k: doc[k] for k in expected} == expected
+    assert len(evidence) == len(expected["alerts"]) and all(isinstance(e, dict) for e in evidence)
     assert doc["rows"] == 200 and doc["step_source"] == "logged" and doc["format"] == "csv"
     # foreign logs lack the LLD columns and the analysis says so
     assert main(["analyze", str(FIX / "trainer_state.json"), "--json"]) == 0
@@ -247,13 +249,13 @@ def test_json_on_our_run_folder_and_a_checkpoint_folder(tmp_path, capsys):
     assert "format:   trl_trainer_state" in capsys.readouterr().out
 
 
-def test_unwritable_html_exit_1_one_line(tmp_path, capsys):
+def test_unwritable_html_exit_2_one_line(tmp_path, capsys):
     _analyze_run()
     blocker = tmp_path / "file"
     blocker.write_text("x")
     # OUT's parent is a regular file: the report cannot be written
     assert (
-        main(["analyze", str(FIX / "trainer_state.json"), "--html", str(blocker / "r.html")]) == 1
+        main(["analyze", str(FIX / "trainer_state.json"), "--html", str(blocker / "r.html")]) == 2
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("lld-monitor analyze: cannot write")
@@ -371,3 +373,34 @@ def test_the_collapse_line_names_a_mode_collapse_that_kept_the_reward(tmp_path, 
     assert line == f"collapse: none in the reward; mode_collapse at step {step.group(1)} " + (
         "(warning, not LLD)"
     ), out
+
+
+def test_json_alerts_carry_their_evidence_as_strict_json(capsys):
+    """--json gives each alert's numbers (the level shift's held and recent rewards here), with
+    no NaN token: a strict parser reads it."""
+    run = str(SAMPLE_AUTO / "s1-small-32upd-lr3e-3-seed1-off")
+    assert main(["analyze", run, "--json"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out, parse_constant=lambda c: pytest.fail(f"non-strict JSON: {c}"))
+    collapse = next(a for a in result["alerts"] if a["kind"] == "collapse")
+    ev = collapse["evidence"]
+    assert ev["detector"] == "level_shift" and ev["reward_held"] > ev["reward_recent"]
+    assert all("evidence" in a for a in result["alerts"])
+
+
+def test_a_closed_pipe_ends_the_command_without_a_traceback():
+    """`lld-monitor analyze RUN | head -1`: the reader closes the pipe after one line."""
+    run = str(SAMPLE_AUTO / "s1-small-32upd-lr3e-3-seed0-off")
+    # `true` reads nothing and exits at once: every write of the command meets a closed pipe
+    proc = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f"set -o pipefail; {sys.executable} -m lld_monitor.cli analyze {run} | true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
