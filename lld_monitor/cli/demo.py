@@ -166,7 +166,9 @@ def run(args: argparse.Namespace) -> int:
     )
     _print_interventions(out, args.llds, auto_on)
     _print_analysis(out)
-    print(f"\nOpen the dashboard on this run:\n  lld-monitor dashboard {shlex.quote(str(out))}")
+    print(
+        f"\nOpen the dashboard on this run:\n  {_own_command()} dashboard {shlex.quote(str(out))}"
+    )
     return 0
 
 
@@ -200,3 +202,17 @@ def _print_analysis(out: Path) -> None:
     df = load_table(out)
     print("analysis (lld-monitor analyze " + shlex.quote(str(out)) + "):")
     print(summary_text(df, analyze_run(df)))
+
+
+def _own_command() -> str:
+    """How to run this command again as it was run: ``lld-monitor`` when that is what the
+    shell finds, else the path it was started by (``.venv/bin/lld-monitor`` from ``make demo``)."""
+    import shutil
+
+    argv0 = Path(sys.argv[0])
+    if argv0.name != "lld-monitor":
+        return "lld-monitor"
+    found = shutil.which("lld-monitor")
+    if found and Path(found).resolve() == argv0.resolve():
+        return "lld-monitor"
+    return shlex.quote(str(argv0))
