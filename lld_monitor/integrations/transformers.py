@@ -224,6 +224,7 @@ class TrainerAdapter:
                 + ". Install a transformers version lld_monitor supports (see docs/monitor.md)."
             )
         self.monitor.start(trainer=self.trainer_name, lld_columns=self.lld_columns, **self.meta())
+        self._wrap("train", self._train)
         self._wrap("training_step", self._training_step)
         self._wrap("_get_grad_norm", self._get_grad_norm)
         self.trainer.add_callback(self.callback)
@@ -242,6 +243,21 @@ class TrainerAdapter:
         self._installed = False  # the callback stays registered but goes inert
 
     # -- wrappers -----------------------------------------------------------------------------
+
+    def _train(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``trainer.train``: when it raises (a reward function, a CUDA error, Ctrl-C), the run
+        log still gets its ``end`` event naming the exception and its ``closed.json``; the
+        exception goes on to the caller unchanged."""
+
+        def train(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            except BaseException as exc:
+                with self.monitor.guard("close after the trainer raised"):
+                    self.monitor.close(error=exc)
+                raise
+
+        return train
 
     def _training_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def training_step(model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:

@@ -305,6 +305,7 @@ class GRPOAdapter(TrainerAdapter):
         self.monitor.check_llds_can_act(
             reuse_problem=self.monitor.reuse_warning, num_generations=self.trainer.num_generations
         )
+        self._wrap("train", self._train)
         self._wrap("training_step", self._training_step)
         self._wrap("_get_grad_norm", self._get_grad_norm)
         self._wrap("_calculate_rewards", self._calculate_rewards)

@@ -128,3 +128,33 @@ def test_wandb_offline_run_gets_the_rows_and_alerts(tmp_path: Any, monkeypatch: 
     assert [(a[0], a[1]) for a in _alerts(records)] == [
         ("lld_monitor alert: stagnation", "step 2: flat likelihood")
     ]
+
+
+class _RaiseAtStep(TrainerCallback):
+    """Raises inside training at the start of step ``at`` (as a broken reward function would)."""
+
+    def __init__(self, at: int, exc: BaseException) -> None:
+        self.at, self.exc = at, exc
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step + 1 == self.at:
+            raise self.exc
+
+
+@pytest.mark.parametrize(
+    "exc", [ValueError("reward function failed"), KeyboardInterrupt()], ids=["error", "ctrl-c"]
+)
+def test_a_trainer_that_raises_still_ends_the_run_log(tmp_path: Any, exc: BaseException) -> None:
+    """The run folder gets its end event naming the exception and its closed.json, the rows
+    written before the failure stay, and the exception reaches the caller unchanged."""
+    trainer = _trainer(tmp_path / "tr", max_grad_norm=1.0, callbacks=[_RaiseAtStep(3, exc)])
+    monitor = LLDMonitor(tmp_path / "run", detector=None).attach(trainer)
+    with pytest.raises(type(exc)):
+        trainer.train()
+    run = load_run(tmp_path / "run")
+    assert list(run.steps[C.STEP]) == [1, 2]
+    ends = run.events[run.events[C.EVENT_KIND] == "end"]
+    assert len(ends) == 1 and type(exc).__name__ in ends[C.EVENT_MESSAGE].iloc[0]
+    assert ends[C.EVENT_SEVERITY].iloc[0] == "critical"
+    assert run.finished and monitor.closed
+    assert (tmp_path / "run" / "closed.json").is_file()
