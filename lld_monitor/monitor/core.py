@@ -54,6 +54,12 @@ from lld_monitor.monitor.token_sampling import (  # noqa: F401  (re-exported: th
 logger = logging.getLogger("lld_monitor")
 
 
+class RunFolderError(OSError):
+    """The run folder cannot be created or written: raised at ``attach``/``start``, before any
+    training, with what to do (the run log is the monitor's output; training without it would
+    lose every row silently)."""
+
+
 class LLDMonitor:
     """Diagnose the LLD death spiral during training and switch the LLDS regularizer on or off.
 
@@ -199,7 +205,18 @@ class LLDMonitor:
             full_meta = monitor_config.run_meta(trainer, lld_columns, config, meta, self.meta)
             if self.resume:
                 self.resumed_last_step = resume_state.last_logged_step(self.run_dir)
-            self.writer = RunWriter(self.run_dir, meta=full_meta, resume=self.resume)
+            try:
+                self.writer = RunWriter(self.run_dir, meta=full_meta, resume=self.resume)
+            except FileExistsError:
+                raise  # (its message already says what to do: resume=True or another folder)
+            except OSError as exc:
+                # fail fast, before training, with what to do (not a bare OSError mid-attach)
+                raise RunFolderError(
+                    exc.errno,
+                    f"lld_monitor cannot write its run folder {self.run_dir}: "
+                    f"{exc.strerror or exc}; pass a run_dir in a folder you can write to "
+                    "(LLDMonitor('runs/exp1', ...)); nothing was trained yet",
+                ) from exc
             self.dispatch.open(
                 self.writer,
                 make_event("lifecycle", self.step, "attach", f"monitor attached to {trainer}"),
