@@ -14,7 +14,9 @@ class Alert:
     """One alert: what was seen, at which step, how bad, and the numbers behind it."""
 
     step: int
-    # stagnation | decay | collapse | nonfinite | dead_signal | entropy_collapse | length_blowup
+    # LLD: stagnation | decay | collapse | displacement; not LLD: nonfinite | dead_signal |
+    # entropy_collapse | length_blowup | mode_collapse | reward_decline | kl_blowup |
+    # truncation | spike; the phase machine's: phase (docs/analyzer.md lists them all)
     kind: str
     severity: str  # info | warning | critical
     message: str  # human-readable, names the evidence with numbers

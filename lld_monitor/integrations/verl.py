@@ -7,7 +7,8 @@ passes; actions are the runs of ``response_mask`` (verl masks tool observations 
 settings live in the actor's ``policy_loss`` section through :class:`LLDSPolicyLossConfig`
 (``actor_rollout_ref.actor.policy_loss._target_=lld_monitor.integrations.verl.LLDSPolicyLossConfig``):
 instantiating that ``_target_`` imports this module in every verl worker, which registers the loss.
-See docs/verl.md. This is the only module of the package that imports verl.
+See docs/verl.md. This module and ``verl_trainer`` are the only ones of the package that
+import verl.
 """
 
 from __future__ import annotations
