@@ -32,6 +32,10 @@ class DetectorConfig:
     displaced_min_n: float = 12.0  # least pooled (weighted) correct responses behind the alert
     displaced_memory: float = 0.5  # weight kept per probe by the pooled displaced counts
     displaced_default_n: float = 8.0  # correct responses assumed per probe without n_correct
+    # the probe's share also over its last 2, 4, ... displaced_windows probes (plain counts), each
+    # window at this one-sided z (1% over the 4 windows, Bonferroni)
+    displaced_windows: int = 16
+    displaced_window_z: float = 2.807
     # in-batch counts (distinct responses, a few per row): pooled with a half-life in responses
     inbatch_half_life: float = 24.0
     inbatch_alpha_decay: float = 0.5  # its level shrinks as (window / responses so far) ** this

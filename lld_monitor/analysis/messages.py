@@ -143,9 +143,11 @@ def displacement_alert(step: int, ev: dict[str, Any], in_batch: bool, frac: floa
     else:
         share = 100 * ev["displaced_share"]
         where = f"{share:.0f}% in the latest probe; recent probes: {probes}"
+    window = ev.get("displaced_window_probes")
+    pooled = "pooled" if window is None else f"the last {window} probes together"
     msg = (
         f"LLD indicator at step {step}: the updates lowered the likelihood of most correct "
-        f"responses ({where}; pooled {100 * ev['displaced_pooled_share']:.0f}% of "
+        f"responses ({where}; {pooled} {100 * ev['displaced_pooled_share']:.0f}% of "
         f"{ev['displaced_pooled_n']:.0f}, z={ev['displaced_z']:.1f} "
         f"against {100 * frac:.0f}%), the paper's >50% sign of lazy "
         "likelihood displacement"

@@ -281,6 +281,11 @@ class MultiScaleTrend:
         den = b * (1.0 + rho) * (1.0 - rho) - 2.0 * rho * (1.0 - rb)
         return rho * (1.0 - rb) ** 2 / den if den > 0.0 else rho
 
+    def last_count(self, level: int) -> float:
+        """Observations in ``level``'s newest closed bin (0: none closed)."""
+        bins = self._closed[level]
+        return bins[-1][2] if bins else 0.0
+
     def end_change(self, level: int) -> float:
         """Mean of the last 3 bins minus mean of the first 3: a cheap pre-check of a move (NaN
         with fewer than 6 bins)."""

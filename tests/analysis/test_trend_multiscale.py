@@ -104,3 +104,16 @@ def test_levels_that_close_are_ascending_and_state_round_trips() -> None:
         b = MultiScaleTrend(BASE, N_BINS, LEVELS)
         b.load(state)
         assert b.state() == state
+
+
+def test_last_count_is_the_rows_of_the_newest_closed_bin():
+    # bins of 3 steps at level 0, 6 at level 1; a bin closes when a row of a later bin comes
+    ms = MultiScaleTrend(base_steps=3.0, n_bins=10, levels=2)
+    assert ms.last_count(0) == 0.0 and ms.last_count(1) == 0.0
+    for step, value in ((0, 0.1), (1, 0.2), (2, 0.2), (3, 0.4)):
+        ms.push(step, value)  # the repeat at step 2 is dropped; step 3 closes bin 0
+    assert ms.last_count(0) == 2.0 and ms.last_count(1) == 0.0
+    ms.push(10, 0.5)  # closes bin 1 (step 3 alone)
+    assert ms.last_count(0) == 1.0
+    ms.push(13, 0.6)  # closes bin 3 (step 10); level 1's bin 0 (steps 0-5: 3 rows) closes
+    assert ms.last_count(0) == 1.0 and ms.last_count(1) == 3.0

@@ -46,9 +46,13 @@ class _DisplacedShare:
         "min_n",
         "n",
         "probes",
+        "recent",
         "s2",
         "total",
+        "win",
+        "windows",
         "z",
+        "z_window",
     )
 
     def __init__(
@@ -60,6 +64,8 @@ class _DisplacedShare:
         min_n: float,
         half_life: float = _NAN,
         decay: float = 0.0,
+        windows: int = 0,
+        z_window: float = math.inf,
     ) -> None:
         self.frac, self.z, self.memory, self.default_n = frac, z, memory, default_n
         self.min_n, self.half_life, self.decay = min_n, half_life, decay
@@ -68,6 +74,12 @@ class _DisplacedShare:
         self.last: tuple[float, float] = (_NAN, _NAN)
         self.probes: deque[tuple[float, float, float]] = deque(maxlen=4)  # (step, k, n)
         self.fired = False
+        # the last ``windows`` probes' counts, unweighted: a share that climbs past ``frac``
+        # slowly is tested over the last 2, 4, 8, ... of them (``z_window``: the z each
+        # window needs); the exponential pool above forgets too fast to see a share of 0.6
+        self.windows, self.z_window = int(windows), float(z_window)
+        self.recent: deque[tuple[float, float]] = deque(maxlen=max(self.windows, 1))
+        self.win: tuple[float, float, float, float] | None = None  # (probes, k, n, z) that fired
 
     def push(self, step: float, share: float, n_correct: float) -> bool:
         """Add one probe; True when the test newly fires."""
@@ -81,6 +93,8 @@ class _DisplacedShare:
         self.n = m * self.n + n
         self.s2 = m * m * self.s2 + n
         self.probes.append((step, k, n))
+        if self.windows:
+            self.recent.append((k, n))
         return self._decide(share > self.frac)
 
     def push_counts(self, step: float, k: float, n: float) -> bool:
@@ -105,14 +119,37 @@ class _DisplacedShare:
             if self.k < self.frac * self.n:
                 self.fired = False
             return False
-        if (
-            latest_above
-            and self.k > self.frac * self.n
-            and self.n >= self.min_n
-            and self.stat() >= self.z_crit()
-        ):
+        if not latest_above:
+            return False
+        if self.k > self.frac * self.n and self.n >= self.min_n and self.stat() >= self.z_crit():
+            self.fired = True
+            self.win = None
+            return True
+        if self.windows and self._windows_fire():
             self.fired = True
             return True
+        return False
+
+    def _windows_fire(self) -> bool:
+        """The plain binomial z of the last 2, 4, 8, ... probes (newest first) against
+        ``frac``; True (and ``win`` set) when one window reaches ``z_window``."""
+        f = self.frac
+        sd = math.sqrt(f * (1.0 - f))
+        k = n = 0.0
+        size, nxt = 0, 2
+        recent = self.recent
+        for i in range(len(recent) - 1, -1, -1):
+            ki, ni = recent[i]
+            k += ki
+            n += ni
+            size += 1
+            if size == nxt or (i == 0 and size > 1):
+                nxt *= 2
+                if k > f * n and n >= self.min_n:
+                    z = (k - f * n) / (sd * math.sqrt(n))
+                    if z >= self.z_window:
+                        self.win = (float(size), k, n, z)
+                        return True
         return False
 
     def z_crit(self) -> float:
@@ -134,6 +171,17 @@ class _DisplacedShare:
         return (self.k - f * self.n) / math.sqrt(f * (1.0 - f) * self.s2)
 
     def evidence(self) -> dict[str, Any]:
+        if self.win is not None:  # a window of the last probes fired: its counts
+            size, k, n, z = self.win
+            return {
+                "displaced_share": self.probes[-1][1] / self.probes[-1][2],
+                "displaced_pooled_share": k / n,
+                "displaced_pooled_n": n,
+                "displaced_z": z,
+                "displaced_z_needed": self.z_window,
+                "displaced_window_probes": int(size),
+                "displaced_probes": [[int(s), round(k, 3), round(n, 3)] for s, k, n in self.probes],
+            }
         return {
             "displaced_share": self.probes[-1][1] / self.probes[-1][2] if self.probes else _NAN,
             "displaced_pooled_share": self.k / self.n if self.n > 0 else _NAN,
@@ -152,6 +200,8 @@ class _DisplacedShare:
             "last": [_enc(v) for v in self.last],
             "probes": [list(p) for p in self.probes],
             "fired": self.fired,
+            "recent": [list(p) for p in self.recent],
+            "win": None if self.win is None else list(self.win),
         }
 
     def load(self, d: Mapping[str, Any]) -> None:
@@ -161,6 +211,10 @@ class _DisplacedShare:
         self.last = (a, b)
         self.probes = deque((tuple(map(float, p)) for p in d["probes"]), maxlen=4)
         self.fired = bool(d["fired"])
+        self.recent.clear()  # (absent in states saved before the windows existed)
+        self.recent.extend((float(k), float(n)) for k, n in d.get("recent", []))
+        w = d.get("win")
+        self.win = None if w is None else (float(w[0]), float(w[1]), float(w[2]), float(w[3]))
 
 
 class Displacement(Check):
@@ -180,6 +234,8 @@ class Displacement(Check):
             cfg.displaced_memory,
             cfg.displaced_default_n,
             cfg.displaced_min_n,
+            windows=cfg.displaced_windows,
+            z_window=cfg.displaced_window_z,
         )
         self.inbatch = _DisplacedShare(
             cfg.displaced_frac,

@@ -96,12 +96,19 @@ class TrendLevels(Check):
         rows than a bin holds) closes one bin of one observation per test, so the count of tests,
         not the steps, says how much new data confirmed the condition (two tests, one new
         observation of ten, were enough before, and raised most false alarms of sparse logs).
+
+        A test runs when a bin closes, i.e. at a row of a later bin, so the steps between the
+        tests of a dense log jitter by up to a log interval: ``trend_persist`` tests of bins that
+        hold several observations each span ``trend_persist - 1`` new bins even when their steps
+        fall a few short (4 tests of 48-step bins logged every 10 steps: 140 steps, not 144), and
+        they confirm it.
         """
         step = s.step
         need = self.config.trend_persist
         tests = max(need - 1, 2)
         h1, h2, s1, s2, conf = self.hold1, self.hold2, self.since1, self.since2, self.conf
-        base = s.lp_trend.base_steps
+        trend = s.lp_trend
+        base = trend.base_steps
         changed = False
         for level in closed:
             r = self._level_rank(s, level)
@@ -119,11 +126,11 @@ class TrendLevels(Check):
                 h2[level] += 1
             else:
                 h2[level] = 0
-            conf[level] = (
-                2
-                if h2[level] >= tests and step - s2[level] >= span
-                else (1 if h1[level] >= tests and step - s1[level] >= span else 0)
-            )
+            # (trend_persist tests of bins of several observations: new bins, whatever the steps)
+            dense = trend.last_count(level) >= 2.0
+            ok2 = h2[level] >= tests and (step - s2[level] >= span or (dense and h2[level] >= need))
+            ok1 = h1[level] >= tests and (step - s1[level] >= span or (dense and h1[level] >= need))
+            conf[level] = 2 if ok2 else (1 if ok1 else 0)
             changed |= before != conf[level]
         if changed:
             self._confirm()

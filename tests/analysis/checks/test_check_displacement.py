@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -67,3 +69,34 @@ def test_one_alert_for_one_displacement(cfg, feed):
     ]
     fed, _ = feed(Displacement(cfg), rows)
     assert [s for s, alerts in fed if alerts] == [1]
+
+
+def test_a_share_of_0_6_fires_over_the_last_probes_together(cfg, feed):
+    # 12 of 20 and 6 of 10 displaced, alternating (0.6 every probe). The pool that keeps half
+    # per probe never gets there: its z settles at 4/3 (< 2.326). The last probes together do:
+    # 12 probes: 108 of 180, z = (108 - 90) / sqrt(0.25 * 180) = 2.68 < 2.807;
+    # 13 probes: 120 of 200, z = 20 / sqrt(50) = 2.83 >= 2.807 (1% over 4 windows): fires
+    rows = [_probe(s, 0.6, 20.0 if s % 2 else 10.0) for s in range(1, 41)]
+    fed, _ = feed(Displacement(cfg), rows)
+    fired = [(s, alerts[0]) for s, alerts in fed if alerts]
+    assert [s for s, _ in fired] == [13]
+    ev = fired[0][1].evidence
+    assert ev["displaced_window_probes"] == 13 and ev["displaced_pooled_n"] == pytest.approx(200)
+    assert ev["displaced_z"] == pytest.approx(20 / math.sqrt(50))
+    assert "the last 13 probes together 60% of 200" in fired[0][1].message
+    # without the windows (1 probe: none to pool) the same probes never fire
+    fed, _ = feed(Displacement(replace(cfg, displaced_windows=1)), rows)
+    assert not any(alerts for _, alerts in fed)
+    # nor do probes of 0.45 and 0.4, windows or not
+    low = [_probe(s, 0.45 if s % 2 else 0.4, 20.0) for s in range(1, 201)]
+    fed, _ = feed(Displacement(cfg), low)
+    assert not any(alerts for _, alerts in fed)
+
+
+def test_window_counts_survive_a_state_round_trip(cfg, feed):
+    rows = [_probe(s, 0.6, 20.0 if s % 2 else 10.0) for s in range(1, 41)]
+    check = Displacement(cfg)
+    feed(check, rows[:7])
+    again = Displacement(cfg)
+    again.load_state_dict(json.loads(json.dumps(check.state_dict())))
+    assert list(again.probe.recent) == list(check.probe.recent) and len(check.probe.recent) == 7

@@ -75,3 +75,30 @@ def test_stagnation_flat_logp_while_the_reward_rises(cfg):
     ]
     ranks = _ranks(TrendLevels(cfg), rows)
     assert _first(ranks, 1) == 27 and _first(ranks, 2) is None
+
+
+class _DecayOnLevel4From100(TrendLevels):
+    """Every test of level 4 from step 100 on says decay; every other test says nothing."""
+
+    __slots__ = ()
+
+    def _level_rank(self, s: Signals, level: int) -> int:
+        return 2 if level == 4 and s.step >= 100 else 0
+
+
+def test_persistence_of_dense_bins_counts_tests_not_the_steps_between_them(cfg):
+    # logged every 10 steps; level 4 has bins of 48 steps, built from the closed bins of the level
+    # below, so each closes later than its last row: bin 0 [0, 48) at step 110, bin 1 [48, 96)
+    # at 160, bin 2 at 200, bin 3 [144, 192) at 250, each of 5 rows (4 for bin 4, at 300).
+    # The 4 tests of bins 0-3 span 3 new bins but only 140 steps (< 3 x 48): counted in steps
+    # the decay waited for a fifth test (step 300); 4 tests of bins of several rows confirm it
+    # at step 250
+    rows = [
+        {C.STEP: s, C.REWARD_MEAN: 0.5, C.LOGP_CORRECT: -0.3 + 0.001 * (-1) ** (s // 10)}
+        for s in range(0, 400, 10)
+    ]
+    check = _DecayOnLevel4From100(cfg)
+    ranks = _ranks(check, rows)
+    assert _first(ranks, 2) == 250
+    assert next(lv for s, r, lv in ranks if r == 2) == 4
+    assert check.hold2[4] == 6  # the tests of bins 0-5 (bin 5 closes at step 350)
