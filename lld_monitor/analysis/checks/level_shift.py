@@ -54,6 +54,7 @@ class LevelShiftConfig:
     # min_scale): rewards are taken to move on a scale of 0.1 or more, so a run that never left
     # ~0.02 (never learned) does not collapse by losing 0.02, however small its noise
     min_scale: float = 0.1
+    plain_drop_frac: float = 0.4  # the same share without a corroborating signal
     z: float = 2.5  # the drop exceeds z noise sd of the difference of the two means ...
     # ... plus the expected excess of the highest of n block means (sqrt(2 ln n) sd)
     noise_rows: int = 64  # consecutive differences behind the noise estimate
@@ -69,6 +70,7 @@ class LevelShiftConfig:
     # values, spanning hold_steps at least: a 40-row log logged every 5 steps has no finer time
     hold_rows: int = 3
     sparse_gap: float = 4.0
+    sparse_max_rows: int = 120  # ... in a short log: a long sparse log has the steps to wait
     z_level: float = 3.0  # z of the test against the level just before the recent window
     baseline_rows: int = 32  # values of a corroborating signal behind its baseline (median)
     grad_surge: float = 5.0  # grad norm >= this x its baseline
@@ -444,7 +446,10 @@ class LevelShiftCollapse(Check):
                 continue
             drop = held - r
             ref = max(abs(held), abs(start), gain, cfg.min_scale)
-            if not (ref > 0.0 and drop >= cfg.min_drop_frac * ref):
+            # without corroboration the fall must be a larger share of the level: a deep
+            # transient dip of a run that gained little crosses its start line too
+            need_frac = cfg.min_drop_frac if corro else cfg.plain_drop_frac
+            if not (ref > 0.0 and drop >= need_frac * ref):
                 continue
             if sigma != sigma:
                 if self._row_sd != self._row_sd:  # (NaN: stale since the last difference)
@@ -500,6 +505,7 @@ class LevelShiftCollapse(Check):
             gap = (step - self._first_step) / max(self._rows - 1, 1)  # steps between rows
             sparse_ok = (
                 gap >= cfg.sparse_gap
+                and self._rows <= cfg.sparse_max_rows
                 and self._low_rows >= cfg.hold_rows
                 and held_for >= cfg.hold_steps
             )
