@@ -84,7 +84,9 @@ def load_steps(obj: Any) -> pd.DataFrame:
 
 
 def prepare_steps(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows sorted by step, one per step (the first), numeric columns; the detector's input."""
+    """Rows sorted by step, one per step (the last: as the importers and the run log keep it,
+    so a table gives the same analysis as a DataFrame, a CSV file or a run folder), numeric
+    columns; the detector's input."""
     if C.STEP not in df.columns:
         raise ValueError(
             f"the table has no {C.STEP!r} column; give each row its optimizer step "
@@ -93,7 +95,7 @@ def prepare_steps(df: pd.DataFrame) -> pd.DataFrame:
     step = pd.to_numeric(df[C.STEP], errors="coerce")
     out = df.loc[step.notna()].copy()
     out[C.STEP] = step[step.notna()].astype(np.int64)
-    out = out.sort_values(C.STEP, kind="stable").drop_duplicates(C.STEP, keep="first")
+    out = out.sort_values(C.STEP, kind="stable").drop_duplicates(C.STEP, keep="last")
     return out.reset_index(drop=True)
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from lld_monitor import columns as C
 from lld_monitor.analysis import Analysis, PhaseDetector, analyze_run
+from lld_monitor.analysis.offline import prepare_steps
 from lld_monitor.testing import make_run, write_run
 
 REAL_RUNS = Path(__file__).resolve().parents[3] / "shared" / "real_runs"  # beside the repo
@@ -145,3 +146,19 @@ def test_refinement_is_capped_and_says_so(monkeypatch):
     later = [s for s in a.phases if s.phase in ("decay", "collapse")]
     assert later and all(s.start_step == s.evidence["detected_at"] for s in later)
     assert [x.to_dict() for x in a.alerts] == [x.to_dict() for x in analyze_run(run.steps).alerts]
+
+
+def test_a_duplicated_step_keeps_the_same_row_from_a_frame_and_from_its_csv(tmp_path):
+    """The later row of a repeated step wins, from a DataFrame as from the CSV of it (the
+    importers keep the last row): step 150 logged twice, 0.9 then 0.0."""
+    from lld_monitor.importers import load_table
+
+    df = pd.DataFrame(
+        {C.STEP: [*range(5, 150, 5), 150, 150], C.REWARD_MEAN: [0.9] * 29 + [0.9, 0.0]}
+    )
+    prepared = prepare_steps(df)
+    assert prepared.loc[prepared[C.STEP] == 150, C.REWARD_MEAN].tolist() == [0.0]
+    path = tmp_path / "t.csv"
+    df.to_csv(path, index=False)
+    from_csv = prepare_steps(load_table(path))
+    assert from_csv[C.REWARD_MEAN].tolist() == prepared[C.REWARD_MEAN].tolist()
