@@ -79,7 +79,7 @@ class LevelShiftConfig:
     entropy_fall: float = 0.2  # entropy <= this x its baseline
     length_fall: float = 0.25  # completion length <= this x its baseline
     truncated_frac: float = 0.5  # frac_truncated >= this (and its baseline below half of it)
-    zero_std_frac: float = 0.9  # frac_zero_std_groups >= this (or reward_std ~ 0), from < 0.5
+    zero_std_frac: float = 0.9  # frac_zero_std_groups >= this, from a baseline below 0.5
     rearm_frac: float = 0.5  # re-armed once the recent mean is back above start + this * gain
 
     def __post_init__(self) -> None:
