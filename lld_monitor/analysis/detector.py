@@ -118,7 +118,7 @@ def upgrade_state_v1(state: Mapping[str, Any]) -> dict[str, Any]:
         "signals": {k: state[k] for k in _V1_SIGNALS if k in state},
         "phases": {
             "phase": state["phase"],
-            "since": {k: since.get(k) for k in ("r1", "r2", "r3", "below")},
+            "since": {k: since.get(k) for k in ("r3", "below")},
             "below_rank": state["below_rank"],
             "recover": state["recover"],
         },

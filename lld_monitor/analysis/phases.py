@@ -34,8 +34,6 @@ class PhaseMachine:
         "phase",
         "recover",
         "since_below",
-        "since_r1",
-        "since_r2",
         "since_r3",
     )
 
@@ -46,7 +44,7 @@ class PhaseMachine:
     def reset(self) -> None:
         self.phase = "unknown"
         # first step of the current streak of each rank (NaN: not holding), of "below"
-        self.since_r1 = self.since_r2 = self.since_r3 = self.since_below = _NAN
+        self.since_r3 = self.since_below = _NAN
         self.below_rank = 0
         self.recover = float(self.config.recover_steps)  # steps without support before leaving
 
@@ -78,23 +76,10 @@ class PhaseMachine:
         step = s.step
         cur = RANK[self.phase]
         target = cur
-        # trend ranks are confirmed by their own level (trend_persist); collapse must hold
-        if tr >= 1:
-            t0 = self.since_r1
-            if t0 != t0:
-                self.since_r1 = t0 = step
-            if step - t0 >= 0 and 1 > target:
-                target = 1
-        else:
-            self.since_r1 = _NAN
-        if tr >= 2:
-            t0 = self.since_r2
-            if t0 != t0:
-                self.since_r2 = t0 = step
-            if step - t0 >= 0 and 2 > target:
-                target = 2
-        else:
-            self.since_r2 = _NAN
+        # trend ranks are confirmed by their own level (trend_persist): they escalate at once;
+        # collapse must hold collapse_persist_steps
+        if tr > target:
+            target = tr
         if rank >= 3:
             t0 = self.since_r3
             if t0 != t0:
@@ -166,8 +151,6 @@ class PhaseMachine:
         return {
             "phase": self.phase,
             "since": {
-                "r1": _enc(self.since_r1),
-                "r2": _enc(self.since_r2),
                 "r3": _enc(self.since_r3),
                 "below": _enc(self.since_below),
             },
@@ -179,8 +162,6 @@ class PhaseMachine:
         self.reset()
         self.phase = str(d["phase"])
         since = d["since"]
-        self.since_r1 = _dec(since["r1"])
-        self.since_r2 = _dec(since["r2"])
         self.since_r3 = _dec(since["r3"])
         self.since_below = _dec(since["below"])
         self.below_rank = int(d["below_rank"])
