@@ -951,3 +951,115 @@ def make_standard_suite(
             run.labels["name"] = f"{len(runs):03d}_{run.labels['name']}"
             runs.append(run)
     return runs
+
+
+# --- calibration runs of the collapse call (issue 28) ------------------------------------------
+
+#: Kinds of ``make_calibration_run``: healthy runs that rise from a low start or start near their
+#: plateau, and the same runs collapsing to near the reward's floor (with and without a
+#: corroborating signal).
+CALIBRATION_HEALTHY_KINDS: tuple[str, ...] = ("healthy_rise", "healthy_plateau")
+CALIBRATION_COLLAPSE_KINDS: tuple[str, ...] = (
+    "collapse_rise",
+    "collapse_rise_corroborated",
+    "collapse_plateau",
+    "collapse_plateau_corroborated",
+)
+CALIBRATION_KINDS = CALIBRATION_HEALTHY_KINDS + CALIBRATION_COLLAPSE_KINDS
+
+
+def make_calibration_run(kind: str, seed: int = 0) -> LabelledRun:
+    """A long, noisy TRL-style log with standard metrics, for the calibration of the collapse
+    call: 300-3000 rows logged every 1 or 5 steps; each row the mean reward of 2-16 sampled
+    completions (binomial: discrete, skewed near 0 and 1) of one or two reward functions summed
+    (correctness, and a format reward weighted 0.5 or 1); the accuracy rises from 0.02-0.3 to a
+    plateau of 0.35-0.95 (``*_rise``) or starts within 10% of it (``*_plateau``), wanders (AR(1)
+    prompt difficulty) and drifts by up to +-10% over the run; single-row spikes of entropy
+    (x5-x30) and grad norm (x5-x20) on about 1% of rows; healthy runs get up to 3 transient dips
+    (to 50-80% of the level for 3-30 rows) that recover. Collapses: at 40-80% of the run both
+    rewards fall at once to near zero (0-5% of their level) and stay there; ``*_corroborated``
+    adds a grad norm x10 (or dead) and entropy x3 from the fall on.
+
+    Labels: ``kind``, ``n_rows``, ``log_every``, ``samples``, ``plateau_start`` (bool),
+    ``change_row`` (0-based index of the first fallen row, None when healthy), ``change_step``,
+    ``drop_sd`` (the fall in sd of the rows before it: (mean of the 100 rows before - mean
+    after) / (sd of their consecutive differences / sqrt 2)), ``corroborated``.
+    """
+    if kind not in CALIBRATION_KINDS:
+        raise ValueError(f"unknown calibration kind {kind!r}; use one of {CALIBRATION_KINDS}")
+    rng = np.random.default_rng([int(seed), 0xCA1, CALIBRATION_KINDS.index(kind)])
+    n = round(math.exp(rng.uniform(math.log(300), math.log(3000))))  # rows
+    every = int(rng.choice([1, 5]))
+    samples = int(rng.choice([2, 4, 8, 16]))
+    plateau_start = kind.endswith("plateau") or "_plateau" in kind
+    collapse = kind.startswith("collapse")
+    corroborated = kind.endswith("corroborated")
+    i = np.arange(n, dtype=float)  # [n] rows
+    top = float(rng.uniform(0.35, 0.95))
+    p0 = top * float(rng.uniform(0.9, 1.0)) if plateau_start else float(rng.uniform(0.02, 0.3))
+    p0 = min(p0, top)
+    tau = float(rng.uniform(0.03, 0.2)) * n
+    drift = 1.0 + float(rng.uniform(-0.1, 0.1)) * i / n  # [n]
+    acc = (p0 + (top - p0) * (1.0 - np.exp(-i / tau))) * drift  # [n] noise-free accuracy
+    acc = acc + _ar1(rng, n, float(rng.uniform(0.01, 0.06)), float(rng.uniform(0.0, 0.8)))
+    two = bool(rng.random() < 0.5)
+    w_fmt = float(rng.choice([0.5, 1.0])) if two else 0.0
+    fmt_top = float(rng.uniform(0.85, 0.99))
+    fmt = fmt_top - (fmt_top - float(rng.uniform(0.1, 0.5))) * np.exp(-i / (0.5 * tau))  # [n]
+    if plateau_start:
+        fmt = np.full(n, fmt_top)
+    change = None
+    if collapse:
+        change = int(rng.uniform(0.4, 0.8) * n)
+        acc[change:] = acc[change:] * float(rng.uniform(0.0, 0.05))
+        fmt[change:] = fmt[change:] * float(rng.uniform(0.0, 0.05))
+    else:
+        for _ in range(int(rng.integers(0, 4))):
+            a = int(rng.integers(int(0.2 * n), n - 30))
+            b = a + int(rng.integers(3, 31))
+            depth = float(rng.uniform(0.5, 0.8))
+            acc[a:b] *= depth
+            fmt[a:b] = fmt[a:b] * (1.0 - 0.5 * (1.0 - depth))
+    acc = np.clip(acc, 0.0, 1.0)
+    fmt = np.clip(fmt, 0.0, 1.0)
+    reward = rng.binomial(samples, acc) / samples  # [n]
+    if two:
+        reward = reward + w_fmt * rng.binomial(samples, fmt) / samples
+    grad = float(rng.uniform(0.1, 1.0)) * np.exp(rng.normal(0.0, 0.3, n))  # [n]
+    ent = float(rng.uniform(0.2, 1.0)) * np.exp(rng.normal(0.0, 0.05, n))  # [n]
+    length = float(rng.uniform(100, 800)) * np.exp(rng.normal(0.0, 0.05, n))  # [n]
+    spikes = rng.random(n) < 0.01
+    ent[spikes] *= rng.uniform(5, 30, int(spikes.sum()))
+    spikes = rng.random(n) < 0.01
+    grad[spikes] *= rng.uniform(5, 20, int(spikes.sum()))
+    if corroborated and change is not None:
+        grad[change:] = 0.0 if rng.random() < 0.3 else grad[change:] * 10.0
+        ent[change:] *= 3.0
+    steps = (i + 1.0) * every
+    drop_sd = None
+    if change is not None:
+        pre = reward[max(0, change - 100) : change]
+        sd = float(np.std(np.diff(pre)) / math.sqrt(2.0))
+        drop_sd = float((pre.mean() - reward[change:].mean()) / sd) if sd > 0 else math.inf
+    df = pd.DataFrame(
+        {
+            C.STEP: steps.astype(int),
+            C.REWARD_MEAN: reward,
+            C.GRAD_NORM: grad,
+            C.ENTROPY: ent,
+            C.COMPLETION_LENGTH: length,
+        }
+    )
+    labels = {
+        "kind": kind,
+        "name": f"{kind}-{seed}",
+        "n_rows": n,
+        "log_every": every,
+        "samples": samples,
+        "plateau_start": plateau_start,
+        "change_row": change,
+        "change_step": None if change is None else int(steps[change]),
+        "drop_sd": drop_sd,
+        "corroborated": corroborated,
+    }
+    return LabelledRun(df, labels)

@@ -17,6 +17,7 @@ from typing import Any
 
 from lld_monitor import columns as C
 from lld_monitor.analysis.config import DetectorConfig
+from lld_monitor.analysis.stats import ema_weight
 from lld_monitor.analysis.trend import (
     MultiScaleTrend,
     TrendFit,
@@ -96,11 +97,6 @@ def as_float(v: Any) -> float:
 
 
 _f = as_float
-
-
-def ema_weight(dt: float, tau: float) -> float:
-    """Weight of a new value in an EMA with time constant ``tau`` steps, ``dt`` steps later."""
-    return 1.0 - math.exp(-dt / tau)
 
 
 def fit_state(f: TrendFit | None) -> list[Any] | None:

@@ -117,13 +117,21 @@ class LengthBlowup(PersistentCheck):
 
 
 class RewardDecline(PersistentCheck):
-    """A significant slow reward decline (``Signals.rw_decline``) outside a collapse phase."""
+    """A significant slow reward decline (``Signals.rw_decline``) outside a collapse phase,
+    held a quarter of the window it was seen in."""
 
     __slots__ = ()
     kind = "reward_decline"
 
     def holds(self, s: Signals) -> bool:
         return s.phase != "collapse" and s.rw_decline is not None
+
+    def may_fire(self, s: Signals) -> bool:
+        """A decline seen over a window of W steps has held W / 4 steps (and the usual
+        ``failure_persist_steps``): a transient dip that recovers within a quarter of the window
+        it was seen in is not a decline."""
+        r = s.rw_decline
+        return r is not None and s.step - self.since >= 0.25 * r.span
 
     def alert(self, s: Signals, held: float) -> Alert:
         return messages.reward_decline_alert(int(s.step), held, s.rw_decline)

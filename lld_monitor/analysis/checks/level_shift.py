@@ -1,13 +1,28 @@
-"""Collapse as a level shift, from standard metrics alone; mode collapse.
+"""Collapse as a calibrated change in the reward's level (standard metrics alone); mode collapse.
 
-A collapse in a log without LLD columns is not a trend but a change of level: the reward is now
-far below a level it held, back near where the run started (or below), and it stays there.
-``LevelShiftCollapse`` tests exactly that, in logged rows (not steps, so a 40-row log logged
-every 5 steps is judged on its 40 rows), at several window sizes at once, with the noise
-estimated from the run itself (the median absolute difference of consecutive rewards). A
-corroborating signal on the same rows (grad norm surge or death, entropy blow-up or collapse,
-completions at the length cap or down to a few tokens, all-identical groups) lets it fire on a
-shorter window.
+A collapse in a log without LLD columns is not a trend but a change of level: the reward now sits
+near the run's floor, far below the level it held, and stays there. ``LevelShiftCollapse`` tests
+that in logged rows (not steps: a 40-row log logged every 5 steps is judged on its 40 rows) with
+a sequential test whose false-alarm rate is set, not tuned (``analysis/stats.py``):
+
+- **The statistic.** At every row, for every post-change length L of 2-256 rows (the change point
+  n - L), the mean of the L rows since against the mean of the R = 4L (16-256) rows before
+  (the pre-change segment: never a maximum over windows), in units of its standard error with
+  the noise estimated from the run itself (trimmed sd of consecutive differences; the long-run
+  sd of 8-row block means where rows correlate: the larger). The maximum
+  over L is compared with a threshold c set by simulation so that about one run in 500 of 3000
+  rows of such noise crosses it (``p_false_run``); its evidence states the false-alarm rate.
+  A big fall crosses within 2 rows; a small one takes about c^2 / delta^2 rows.
+- **Collapsed, not a dip.** The fall counts only when the level since the change sits near the
+  run's floor: its mean plus ``floor_sd`` standard errors at or below floor + ``floor_frac`` x
+  (held - floor), where the floor is zero or the run's starting level when it started below
+  zero; or, for a run that learned most of its level from its start, back near that start
+  (start + ``start_frac`` x gain); and the drop is at least ``min_drop`` (rewards move on a
+  scale of 0.1). A run that starts at its plateau is judged against the floor alone.
+- **Corroboration** (grad norm surge or death, entropy blow-up or collapse, completions at the
+  length cap or down to a few tokens, all-identical groups, on 3 rows in a row: a single-row
+  spike is none) lowers the threshold to ``p_false_run_corroborated``; it never replaces the
+  reward test.
 
 ``ModeCollapse`` is the failure where most groups get identical rewards while the completions
 become short: the policy answers every prompt with one short string. It is not LLD, and it is
@@ -18,13 +33,12 @@ Both are checks (``checks/base.py``): ``update(signals) -> list[Alert]``, JSON s
 they read only the row's raw values (attributes named like the columns: ``reward_mean``,
 ``grad_norm``, ...) and ``step``, so any object with those attributes can drive them. Their
 hyperparameters are their own frozen configs (``LevelShiftConfig``, ``ModeCollapseConfig``).
-``LevelShiftCollapse`` escalates the phase itself (``immediate``): its persistence is in rows
-already, and the phase machine's ``collapse_persist_steps`` would cost a sparse log rows.
+``LevelShiftCollapse`` escalates the phase itself (``immediate``): its persistence is in the
+statistic already, and the phase machine's ``collapse_persist_steps`` would cost a sparse log rows.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
 from collections.abc import Mapping
@@ -34,44 +48,50 @@ from typing import Any
 from lld_monitor import columns as C
 from lld_monitor.analysis.checks.base import NO_ALERTS, Check
 from lld_monitor.analysis.config import DetectorConfig
+from lld_monitor.analysis.stats import (
+    GLR_LENGTHS,
+    GLR_MAX_REF,
+    GLR_MIN_REF,
+    glr_ref_rows,
+    glr_rows_per_false_alarm,
+    glr_threshold,
+    robust_sd,
+    trimmed_sd,
+)
+from lld_monitor.analysis.stats import median as _median
 from lld_monitor.analysis.trend import from_json_float, json_float
 from lld_monitor.events import Alert
 
 _NAN = float("nan")
-_SQRT2 = math.sqrt(2.0)
 _enc, _dec = json_float, from_json_float
+_BUFFER = GLR_MAX_REF + max(GLR_LENGTHS)  # rows the longest test reaches back
+_NEAR_ROWS = 16  # rows before the change behind the held level that "near the floor" is judged by
 
 
 @dataclass(frozen=True)
 class LevelShiftConfig:
     """Hyperparameters of ``LevelShiftCollapse`` (rows are logged rows with a reward)."""
 
-    windows: tuple[int, ...] = (3, 6, 12, 24, 48)  # rows of the held block and the recent mean
-    corroborated_window: int = 2  # a shorter window, used only with a corroborating signal
+    # the false-alarm rate: the probability that a run of 3000 rows of noise like the run's own
+    # crosses the threshold (about 3000 / p rows per false alarm), without / with corroboration
+    p_false_run: float = 0.002
+    p_false_run_corroborated: float = 0.05
+    floor_frac: float = (
+        0.35  # collapsed: the level since the change <= floor + this x (held - floor)
+    )
+    # ... or, for a run that learned at least learned_frac of its height from its start, back
+    # near the start: <= start + start_frac x (held - start)
+    learned_frac: float = 0.5
+    start_frac: float = 0.3
+    below_start_frac: float = 0.25  # ... or, having learned this share, at or below its start
+    floor_sd: float = 2.0  # ... by the mean since the change plus this many of its standard errors
+    min_drop: float = 0.05  # ... and at least this far below the held level (reward units)
     start_rows: int = 3  # the run's starting level: the mean of its first rows
-    keep_frac: float = 0.3  # "near the start": below start + keep_frac * (held - start)
-    min_drop_frac: float = 0.25  # the drop is at least this share of max(|held|, |start|, gain,
-    # min_scale): rewards are taken to move on a scale of 0.1 or more, so a run that never left
-    # ~0.02 (never learned) does not collapse by losing 0.02, however small its noise
-    min_scale: float = 0.1
-    plain_drop_frac: float = 0.4  # the same share without a corroborating signal
-    z: float = 2.5  # the drop exceeds z noise sd of the difference of the two means ...
-    # ... plus the expected excess of the highest of n block means (sqrt(2 ln n) sd)
-    noise_rows: int = 64  # consecutive differences behind the noise estimate
-    min_blocks: int = 3  # a window size is tested once this many of its blocks are clear of it
+    noise_rows: int = 128  # consecutive differences behind the row noise
+    block_rows: int = 8  # rows per block mean of the long-run noise ...
+    noise_blocks: int = 32  # ... from this many block differences
+    min_noise_frac: float = 0.01  # noise sd at least this share of max(|held level|, 0.1)
     corroborated_rows: int = 3  # rows among the last 3 that show a corroborating signal
-    min_noise_frac: float = 0.01  # noise sd at least this share of the drop's scale
-    # without corroboration the low level holds this many steps too, and this share of the
-    # steps the run has had (a transient dip of a long run is not a collapse)
-    hold_steps: float = 8.0
-    hold_frac: float = 0.1
-    hold_cap: float = 200.0  # ... at most this many steps (a long run's collapse is not slower)
-    # ... or, in a sparse log (rows sparse_gap steps apart or more), this many rows with new
-    # values, spanning hold_steps at least: a 40-row log logged every 5 steps has no finer time
-    hold_rows: int = 3
-    sparse_gap: float = 4.0
-    sparse_max_rows: int = 120  # ... in a short log: a long sparse log has the steps to wait
-    z_level: float = 3.0  # z of the test against the level just before the recent window
     baseline_rows: int = 32  # values of a corroborating signal behind its baseline (median)
     grad_surge: float = 5.0  # grad norm >= this x its baseline
     grad_dead: float = 1e-3  # grad norm <= this x its baseline (or exactly 0)
@@ -80,131 +100,30 @@ class LevelShiftConfig:
     length_fall: float = 0.25  # completion length <= this x its baseline
     truncated_frac: float = 0.5  # frac_truncated >= this (and its baseline below half of it)
     zero_std_frac: float = 0.9  # frac_zero_std_groups >= this, from a baseline below 0.5
-    rearm_frac: float = 0.5  # re-armed once the recent mean is back above start + this * gain
+    rearm_frac: float = 0.5  # re-armed once the last 3 rows' mean is back above
+    # floor + this x (held - floor)
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            vals = v if isinstance(v, tuple) else (v,)
-            if not vals or any(
-                not isinstance(x, int | float) or isinstance(x, bool) or not x > 0 for x in vals
-            ):
+            if not isinstance(v, int | float) or isinstance(v, bool) or not v > 0:
                 raise ValueError(f"LevelShiftConfig.{f.name} must be positive, got {v!r}")
-        if any(int(w) != w or w < 2 for w in (*self.windows, self.corroborated_window)):
-            raise ValueError("LevelShiftConfig windows must be whole numbers of rows >= 2")
-
-
-class _Block:
-    """Block means of ``w`` consecutive rows; the highest mean of the blocks that ended at
-    least ``w`` rows ago (so it never overlaps the recent window)."""
-
-    __slots__ = (
-        "best",
-        "best_end",
-        "count",
-        "diffs",
-        "folded",
-        "last",
-        "means",
-        "n_blocks",
-        "pending",
-        "sd_cache",
-        "total",
-        "w",
-    )
-
-    def __init__(self, w: int, noise_blocks: int = 32) -> None:
-        self.w = w
-        self.total = 0.0
-        self.count = 0
-        self.pending: deque[tuple[int, float]] = deque()  # (end row, mean), not yet folded
-        self.best = _NAN
-        self.best_end = -1
-        self.n_blocks = 0
-        self.last = _NAN  # the last block mean
-        # |differences of consecutive block means|: the noise of a block mean, autocorrelation
-        # of the rows included (which row differences alone would miss)
-        self.diffs: deque[float] = deque(maxlen=noise_blocks)
-        self.means: deque[float] = deque(maxlen=noise_blocks)  # the last block means
-        self.folded: deque[float] = deque(maxlen=8)  # the last means clear of the recent window
-        # noise_sd(local=True / False), a function of the block means: computed again only after
-        # a block completes or folds (not saved: rebuilt from the state on demand)
-        self.sd_cache: list[float | None] = [None, None]
-
-    def noise_sd(self, local: bool) -> float:
-        """Robust sd of one block mean: the larger of the median |difference| of consecutive
-        means / 0.954 (white noise) and the MAD * 1.4826 of the block means the reference
-        spans (noise that wanders, e.g. autocorrelated rollout batches, has small consecutive
-        differences): the last few means clear of the recent window (``local``, for the level
-        just before it) or the last ``noise_blocks`` (for the best block of the run); NaN
-        before 3 blocks."""
-        cached = self.sd_cache[local]
-        if cached is not None:
-            return cached
-        sd = self._noise_sd(local)
-        self.sd_cache[local] = sd
-        return sd
-
-    def _noise_sd(self, local: bool) -> float:
-        # (a log of exact constants has few non-zero differences: the fall itself, maybe)
-        sd = _median(self.diffs) / 0.9539 if len(self.diffs) >= 3 else 0.0
-        pool = self.folded if local else self.means
-        if len(pool) < 4 and len(self.diffs) < 3:
-            return _NAN
-        if len(pool) >= 4:
-            mad = _detrended_mad(pool)
-            if mad > sd:
-                sd = mad
-        return sd
-
-    def push(self, row: int, x: float) -> None:
-        self.total += x
-        self.count += 1
-        if self.count == self.w:
-            m = self.total / self.w
-            if self.last == self.last and m != self.last:  # (a repeated batch: no news)
-                self.diffs.append(abs(m - self.last))
-            self.last = m
-            self.means.append(m)
-            self.pending.append((row, m))
-            self.total, self.count = 0.0, 0
-            self.sd_cache = [None, None]
-        pend = self.pending
-        while pend and pend[0][0] <= row - self.w:
-            self.sd_cache = [None, None]
-            end, m = pend.popleft()
-            self.n_blocks += 1
-            self.folded.append(m)
-            if not m <= self.best:
-                self.best, self.best_end = m, end
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "total": self.total,
-            "count": self.count,
-            "pending": [[e, m] for e, m in self.pending],
-            "best": _enc(self.best),
-            "best_end": self.best_end,
-            "n_blocks": self.n_blocks,
-            "last": _enc(self.last),
-            "diffs": list(self.diffs),
-            "means": list(self.means),
-            "folded": list(self.folded),
-        }
-
-    def load(self, d: Mapping[str, Any]) -> None:
-        self.total, self.count = float(d["total"]), int(d["count"])
-        self.pending = deque((int(e), float(m)) for e, m in d["pending"])
-        self.best, self.best_end = _dec(d["best"]), int(d["best_end"])
-        self.n_blocks = int(d["n_blocks"])
-        self.last = _dec(d["last"])
-        self.diffs.clear()
-        self.diffs.extend(float(v) for v in d["diffs"])
-        self.means.clear()
-        self.means.extend(float(v) for v in d["means"])
-        self.folded.clear()
-        self.folded.extend(float(v) for v in d["folded"])
-        self.sd_cache = [None, None]
+        for name in (
+            "p_false_run",
+            "p_false_run_corroborated",
+            "floor_frac",
+            "learned_frac",
+            "start_frac",
+            "below_start_frac",
+            "rearm_frac",
+        ):
+            if not getattr(self, name) < 1.0:
+                raise ValueError(f"LevelShiftConfig.{name} must be below 1")
+        if self.p_false_run_corroborated < self.p_false_run:
+            raise ValueError(
+                "LevelShiftConfig.p_false_run_corroborated must be at least p_false_run "
+                "(corroboration lowers the threshold, never raises it)"
+            )
 
 
 class _Baseline:
@@ -247,33 +166,14 @@ class _Baseline:
         self.stats_ = (a, b, c)
 
 
-def _median(values: Any) -> float:
-    srt = sorted(values)
-    n = len(srt)
-    if not n:
-        return _NAN
-    h = n >> 1
-    return srt[h] if n & 1 else 0.5 * (srt[h - 1] + srt[h])
-
-
-def _detrended_mad(values: Any) -> float:
-    """1.4826 x the MAD of ``values`` about their Theil-Sen line (median of the pairwise
-    slopes): the spread of block means that a rise of the reward (learning) does not inflate."""
-    v = list(values)
-    n = len(v)
-    slope = _median([(v[j] - v[i]) / (j - i) for i in range(n) for j in range(i + 1, n)])
-    icpt = _median([x - slope * i for i, x in enumerate(v)])
-    return 1.4826 * _median([abs(x - icpt - slope * i) for i, x in enumerate(v)])
-
-
 def _value(s: Any, name: str) -> float:
     """The row's value of a column (``Signals`` holds every one as a float, NaN when missing)."""
     return getattr(s, name)
 
 
 class LevelShiftCollapse(Check):
-    """``collapse`` (critical) when the reward has fallen from a level it held to near the run's
-    starting level or below and stays there; see the module docstring.
+    """``collapse`` (critical) when the reward's level has changed down, by a calibrated test,
+    to near the run's floor; see the module docstring.
 
     ``rank`` is 3 from the alert while the reward stays down (the phase stays ``collapse``);
     ``pending`` holds the alert of this row for the phase machine, which emits it as the phase
@@ -288,6 +188,8 @@ class LevelShiftCollapse(Check):
         self, config: DetectorConfig | None = None, shift: LevelShiftConfig | None = None
     ) -> None:
         self.shift = shift or LevelShiftConfig()
+        self.threshold = glr_threshold(self.shift.p_false_run)
+        self.threshold_corroborated = glr_threshold(self.shift.p_false_run_corroborated)
         super().__init__(config or DetectorConfig())
 
     def reset(self) -> None:
@@ -296,21 +198,23 @@ class LevelShiftCollapse(Check):
         self.rank = 0
         self.pending: Alert | None = None
         self._rows = 0  # rows with a finite reward
-        self._row_sd = _NAN  # noise sd from the row differences (NaN: to be computed again)
-        self._first_step = _NAN
         self._start_sum = 0.0
         self._last = _NAN  # last reward
-        self._recent: deque[float] = deque(maxlen=max(cfg.windows))
+        # cumulative sums of the last rewards (_cum[-1]: through this row) and their steps
+        self._cum: list[float] = [0.0]
+        self._steps: list[float] = []
+        self._total = 0.0
         self._diffs: deque[float] = deque(maxlen=cfg.noise_rows)  # |consecutive differences|
-        ws = sorted({*cfg.windows, cfg.corroborated_window})
-        self._blocks = {w: _Block(w) for w in ws}
-        self._block_list = list(self._blocks.values())
+        self._block_sum = 0.0
+        self._block_n = 0
+        self._block_last = _NAN
+        self._block_diffs: deque[float] = deque(maxlen=cfg.noise_blocks)
+        self._sd = _NAN  # cached noise sd of a row (NaN: compute again)
         self._base: dict[str, _Baseline] = {k: _Baseline(cfg.baseline_rows) for k in self._SIGNALS}
-        self._low_since = _NAN  # step since which the uncorroborated condition has held
-        self._low_rows = 0  # rows it has held on
         self._corro_rows: deque[bool] = deque(maxlen=3)  # rows with a corroborating signal
         self._fired = False
         self._fallen = False  # the reward is still down after the alert
+        self._rearm_line = _NAN  # the level the reward must be back above to re-arm
 
     # --- the state the phase machine reads ------------------------------------------------------
     @property
@@ -320,13 +224,39 @@ class LevelShiftCollapse(Check):
 
     @property
     def still_fallen(self) -> bool:
-        """True while the reward stays near its starting level after a collapse alert."""
+        """True while the reward stays near its floor after a collapse alert."""
         return self._fallen
 
     @property
     def start_level(self) -> float:
         n = min(self._rows, self.shift.start_rows)
         return self._start_sum / n if n else _NAN
+
+    @property
+    def floor(self) -> float:
+        """The run's floor: zero, or its starting level where that is below zero."""
+        s = self.start_level
+        return min(s, 0.0) if s == s else _NAN
+
+    def noise_sd(self) -> float:
+        """The sd of one row's reward as estimated from the run: the trimmed sd of consecutive
+        differences (``stats.trimmed_sd``), or the long-run sd from 8-row block means where rows
+        correlate (a rollout batch logged on several rows, a wandering difficulty), the larger;
+        NaN before ``GLR_MIN_REF`` differences."""
+        sd = self._sd
+        if sd == sd:
+            return sd
+        d = self._diffs
+        if len(d) < GLR_MIN_REF:
+            return _NAN
+        sd = trimmed_sd(d)
+        bd = self._block_diffs
+        if len(bd) >= 8:  # (fewer: a learning rise or the fall itself would be the median)
+            lr = robust_sd(bd) * math.sqrt(self.shift.block_rows)
+            if lr > sd:
+                sd = lr
+        self._sd = sd
+        return sd
 
     # --- update -----------------------------------------------------------------------------------
     def update(self, s: Any) -> list[Alert]:
@@ -345,20 +275,9 @@ class LevelShiftCollapse(Check):
             self._push_baselines(s)
             return None
         self._rows += 1
-        row = self._rows
-        if row == 1:
-            self._first_step = float(s.step)
-        if row <= cfg.start_rows:
+        if self._rows <= cfg.start_rows:
             self._start_sum += rw
-        # an exact repeat is a rollout batch's value logged again (or a dead constant), not a
-        # new observation of the noise: it is left out of the noise estimates
-        if self._last == self._last and rw != self._last:
-            self._diffs.append(abs(rw - self._last))
-            self._row_sd = _NAN
-        self._last = rw
-        self._recent.append(rw)
-        for b in self._block_list:
-            b.push(row, rw)
+        self._push_reward(rw, float(s.step))
         corro = self._corroboration(s)
         self._corro_rows.append(bool(corro))
         if not corro:
@@ -370,149 +289,112 @@ class LevelShiftCollapse(Check):
         if self._fired:
             self._rearm()
             return None
-        if rw > self._highest_line():  # no window can hold: the cheap common case
-            if self._low_since == self._low_since and self._back_up():
-                self._low_since = _NAN
-            return None
         return self._test(s, corro)
 
-    def _eligible(self, w: int, b: _Block) -> bool:
-        return b.best == b.best and len(self._recent) >= w and b.n_blocks >= self.shift.min_blocks
-
-    def _highest_line(self) -> float:
-        """The highest "near the start" line over the windows that can be tested (those with
-        ``min_blocks`` blocks clear of them): a reward above it cannot be a collapse at any."""
-        need = self.shift.min_blocks
-        top = -math.inf
-        for b in self._blocks.values():
-            if b.n_blocks >= need and b.best > top:
-                top = b.best
-        if top == -math.inf:
-            return top
-        start = self._start_sum / min(self._rows, self.shift.start_rows)
-        return start + self.shift.keep_frac * (top - start if top > start else 0.0)
-
-    def _back_up(self) -> bool:
-        """The low level is over: the mean of the shortest window is back above its line (one
-        noisy row above it is not)."""
-        w = min(self.shift.windows)
-        b = self._blocks[w]
-        if not self._eligible(w, b):
-            return True
-        start, recent = self.start_level, self._recent
-        line = start + self.shift.keep_frac * max(b.best - start, 0.0)
-        return sum(itertools.islice(reversed(recent), w)) / w > line
+    def _push_reward(self, rw: float, step: float) -> None:
+        cfg = self.shift
+        last = self._last
+        if last == last:
+            self._diffs.append(abs(rw - last))
+            self._sd = _NAN
+        self._last = rw
+        self._total += rw
+        cum, steps = self._cum, self._steps
+        cum.append(self._total)
+        steps.append(step)
+        if len(steps) > 2 * _BUFFER:  # (trimmed in bulk: O(1) amortized)
+            del cum[: len(steps) - _BUFFER]
+            del steps[: len(steps) - _BUFFER]
+        self._block_sum += rw
+        self._block_n += 1
+        if self._block_n == cfg.block_rows:
+            m = self._block_sum / cfg.block_rows
+            bl = self._block_last
+            if bl == bl:
+                self._block_diffs.append(abs(m - bl))
+                self._sd = _NAN
+            self._block_last = m
+            self._block_sum, self._block_n = 0.0, 0
 
     def _rearm(self) -> None:
-        """After an alert: re-arm once the recent mean of the shortest window is back above
-        start + rearm_frac * gain; the reward is no longer fallen once its last value is."""
-        cfg = self.shift
-        w = min(cfg.windows)
-        b = self._blocks[w]
-        start, recent = self.start_level, self._recent
-        if self._eligible(w, b):
-            gain = max(b.best - start, 0.0)
-            r = sum(itertools.islice(reversed(recent), w)) / w
-            if r > start + cfg.rearm_frac * gain:
-                self._fired = self._fallen = False
-                self._low_since = _NAN
-                return
-        if self._fallen and recent[-1] > start + cfg.rearm_frac * max(b.best - start, 0.0):
+        """After an alert: re-armed once the mean of the last 3 rows is back above the re-arm
+        line; the reward is no longer fallen once its last value is."""
+        cum = self._cum
+        line = self._rearm_line
+        if len(cum) > 3 and (cum[-1] - cum[-4]) / 3.0 > line:
+            self._fired = self._fallen = False
+            return
+        if self._fallen and self._last > line:
             self._fallen = False
 
-    def _test(self, s: Any, corro: list[str]) -> Alert | None:
+    def _line(self, held: float, floor: float, sd: float) -> tuple[float, str]:
+        """The highest level that counts as "near the floor" below ``held``, and its basis:
+        floor + ``floor_frac`` x (held - floor) ("floor"); for a run that learned at least
+        ``learned_frac`` of its height from its start, back near the start counts too: start +
+        ``start_frac`` x (held - start) ("start_gain"), whichever is higher; a run that learned
+        at least ``below_start_frac`` of it: back at or below its start ("start"). The gain is
+        counted from the start's upper bound (``floor_sd`` standard errors above it)."""
         cfg = self.shift
+        height = max(held - floor, 0.0)
+        line = floor + cfg.floor_frac * height
         start = self.start_level
-        recent = self._recent
-        step = float(s.step)
-        best: tuple[int, float, float, float, float, float] | None = None
-        sigma = _NAN
-        for w, b in self._blocks.items():
-            if w == cfg.corroborated_window and w not in cfg.windows:
-                if not corro:  # the short window needs corroboration
-                    continue
-            if not self._eligible(w, b):
-                continue
-            held = b.best
-            gain = max(held - start, 0.0)
-            line = start + cfg.keep_frac * gain
-            if recent[-1] > line:
-                continue
-            r = 0.0
-            for i in range(1, w + 1):
-                r += recent[-i]
-            r /= w
-            if r > line:
-                continue
-            drop = held - r
-            ref = max(abs(held), abs(start), gain, cfg.min_scale)
-            # without corroboration the fall must be a larger share of the level: a deep
-            # transient dip of a run that gained little crosses its start line too
-            need_frac = cfg.min_drop_frac if corro else cfg.plain_drop_frac
-            if not (ref > 0.0 and drop >= need_frac * ref):
-                continue
-            if sigma != sigma:
-                if self._row_sd != self._row_sd:  # (NaN: stale since the last difference)
-                    d = self._diffs
-                    self._row_sd = _median(d) / 0.9539 if len(d) >= 3 else 0.0
-                sigma = max(self._row_sd, cfg.min_noise_frac * ref)
-            # sd of one w-row mean: white noise from the row differences, or what the block
-            # means themselves scatter by (autocorrelated noise), whichever is larger
-            white = sigma / math.sqrt(w)
-            sd_long = max(white, b.noise_sd(local=False))
-            sd_loc = max(white, b.noise_sd(local=True))
-            if sd_long != sd_long:
-                continue
-            # two references: the best block (an extreme of n_blocks means: corrected by
-            # sqrt(2 ln n) sd of the long-run spread), and the level just before the recent
-            # window (the median of the last k block means clear of it: sd ~ 1.25 sd / sqrt(k))
-            extreme = math.sqrt(2.0 * math.log(b.n_blocks)) if b.n_blocks > 1 else 0.0
-            k = len(b.folded)
-            plateau = _median(b.folded) if k >= 4 else _NAN
-            # a run that never gained needs a corroborating signal: a low reward that drifts
-            # down a little with nothing else moving is a run that never learned
-            if not corro:
-                lvl_gain = held - sd_long * extreme - start  # the best, less its excess
-                if plateau == plateau:
-                    lvl_gain = max(lvl_gain, plateau - start)
-                if lvl_gain <= cfg.z * sd_long * _SQRT2:
-                    continue
-            # with a corroborating signal (independent evidence, two rows of three) the best
-            # block is not discounted for being the best of many
-            lvl, sd_w = held, sd_long
-            if drop <= sd_long * (cfg.z * _SQRT2 + (0.0 if corro else extreme)):
-                if plateau != plateau:
-                    continue
-                lvl, sd_w = plateau, sd_loc
-                if lvl - r <= cfg.z_level * sd_loc * math.sqrt(1.0 + 1.5625 / k):
-                    continue
-            z = (lvl - r) / (sd_w * _SQRT2)
-            if best is None or w < best[0]:
-                best = (w, lvl, r, lvl - r, sd_w, z)
-        if best is None:
-            if self._low_since == self._low_since and self._back_up():
-                self._low_since = _NAN
+        # the gain from a start of a few noisy rows: counted from its upper bound (start +
+        # floor_sd standard errors), so a run that began at its plateau with a low first row or
+        # two is not taken for one that learned
+        n = min(self._rows, cfg.start_rows)
+        gain = held - (start + cfg.floor_sd * sd / math.sqrt(n))
+        if gain > 0.0 and gain >= cfg.learned_frac * height:
+            back = start + cfg.start_frac * gain
+            if back > line:
+                return back, "start_gain"
+        elif gain > 0.0 and gain >= cfg.below_start_frac * height and start > line:
+            return start, "start"  # (learned less: back at or below its start)
+        return line, "floor"
+
+    def _test(self, s: Any, corro: list[str]) -> Alert | None:
+        """The change-in-level test at this row (see the module docstring)."""
+        cfg = self.shift
+        sd_row = self.noise_sd()
+        if sd_row != sd_row:
             return None
-        uncorroborated = best[0] in cfg.windows
-        if self._low_since != self._low_since:
-            self._low_since = step
-            self._low_rows = 0
-        if len(recent) < 2 or recent[-1] != recent[-2]:  # observations, not repeated rows
-            self._low_rows += 1
-        if not corro:
-            held_for = step - self._low_since
-            hold = max(cfg.hold_steps, min(cfg.hold_frac * (step - self._first_step), cfg.hold_cap))
-            gap = (step - self._first_step) / max(self._rows - 1, 1)  # steps between rows
-            sparse_ok = (
-                gap >= cfg.sparse_gap
-                and self._rows <= cfg.sparse_max_rows
-                and self._low_rows >= cfg.hold_rows
-                and held_for >= cfg.hold_steps
-            )
-            if not uncorroborated or not (held_for >= hold or sparse_ok):
-                return None
+        floor = self.floor
+        cum = self._cum
+        avail = len(cum) - 1  # rows in the buffer
+        c = self.threshold_corroborated if corro else self.threshold
+        top = cum[-1]
+        best: tuple[float, int, int, float, float, float, float, str, float, int] | None = None
+        for length in GLR_LENGTHS:
+            r = min(glr_ref_rows(length), avail - length)
+            if r < GLR_MIN_REF:
+                break
+            mid = cum[-1 - length]
+            post = (top - mid) / length
+            ref = (mid - cum[-1 - length - r]) / r
+            drop = ref - post
+            if drop < cfg.min_drop:
+                continue
+            sd = max(sd_row, cfg.min_noise_frac * max(abs(ref), 0.1))
+            # collapsed, not a dip: the level since the change sits near the floor, by its mean
+            # plus floor_sd standard errors (two low rows of a noisy dip are not a floor)
+            # the level held before the fall sets the line: the higher of its last NEAR_ROWS
+            # rows (a long reference reaching back into the learning rise understates it) and
+            # the compared segment (a slow decline before the fall understates the first)
+            m = min(r, _NEAR_ROWS)
+            held = (mid - cum[-1 - length - m]) / m
+            if ref > held:
+                held, m = ref, r
+            line, basis = self._line(held, floor, sd)
+            if post + cfg.floor_sd * sd / math.sqrt(length) > line:
+                continue
+            z = drop / (sd * math.sqrt(1.0 / length + 1.0 / r))
+            if z >= c and (best is None or z > best[0]):
+                best = (z, length, r, ref, post, sd, line, basis, held, m)
+        if best is None:
+            return None
         self._fired = self._fallen = True
-        return self._alert(int(step), start, best, corro)
+        held = best[8]
+        self._rearm_line = floor + cfg.rearm_frac * max(held - floor, 0.0)
+        return self._alert(int(s.step), best, c, corro)
 
     # --- corroborating signals -------------------------------------------------------------------
     @staticmethod
@@ -575,52 +457,76 @@ class LevelShiftCollapse(Check):
     def _alert(
         self,
         step: int,
-        start: float,
-        best: tuple[int, float, float, float, float, float],
+        best: tuple[float, int, int, float, float, float, float, str, float, int],
+        c: float,
         corro: list[str],
     ) -> Alert:
-        w, held, recent, drop, sigma, z = best
-        b = self._blocks[w]
+        z, length, r, ref, recent, sd, line, basis, held, m = best
+        cfg = self.shift
+        floor, start = self.floor, self.start_level
+        change_step = self._steps[-length]
+        per_fa = glr_rows_per_false_alarm(c)
         msg = (
-            f"Phase III (collapse) at step {step}: reward fell from the level it held, "
-            f"{held:.3g} (best mean of {w} rows), to {recent:.3g} (mean of the last {w} rows), "
-            f"{'below' if recent <= start else 'back near'} the run's starting level {start:.3g}; "
-            f"a drop of {drop:.3g} = {z:.1f} sd of the difference (sd of a {w}-row mean "
-            f"{sigma:.3g}, estimated from the run)"
+            f"Phase III (collapse) at step {step}: the reward fell from {held:.3g} (mean of the "
+            f"{m} rows before step {change_step:.0f}, where the fall began"
+            + (f"; {ref:.3g} over the {r} rows the test compares with" if r != m else "")
+            + f") to {recent:.3g} (mean of the {length} rows since), "
+            + (
+                f"near the run's floor {floor:.3g} (at or below {line:.3g} = floor + "
+                f"{cfg.floor_frac:g} x the held level's height above it); "
+                if basis == "floor"
+                else f"back near the level the run started from, {start:.3g} (at or below "
+                f"{line:.3g} = start + {cfg.start_frac:g} x the gain); "
+                if basis == "start_gain"
+                else f"back at or below the level the run started from, {start:.3g}; "
+            )
+            + f"change-in-level statistic z = {z:.1f} against a threshold of {c:.2f}: about one "
+            f"false alarm per {per_fa:,.0f} rows of noise like this run's (noise sd {sd:.3g} "
+            "per row, estimated from the run)"
         )
         msg += "; corroborated by " + "; ".join(corro) if corro else "; no corroborating signal"
         msg += " (seen in standard metrics: a level shift, not specific to LLD)"
         ev = {
             "detector": "level_shift",
+            "statistic": "glr_z",
+            "z": _enc(z),
+            "threshold": _enc(c),
+            "rows_per_false_alarm": _enc(per_fa),
             "reward_held": _enc(held),
-            "reward_held_end_row": b.best_end,
+            "reward_reference": _enc(ref),
             "reward_recent": _enc(recent),
             "reward_start": _enc(start),
-            "reward_drop": _enc(drop),
-            "noise_sd_of_mean": _enc(sigma),
-            "drop_z": _enc(z),
-            "window_rows": w,
+            "reward_floor": _enc(floor),
+            "reward_drop": _enc(ref - recent),
+            "collapsed_line": _enc(line),
+            "collapsed_by": basis,
+            "noise_sd": _enc(sd),
+            "change_step": _enc(change_step),
+            "window_rows": length,
+            "reference_rows": r,
             "corroborated_by": list(corro),
         }
         return Alert(step, "collapse", "critical", msg, ev)
 
     # --- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The running state as plain JSON."""
+        """The running state as plain JSON (the last rows' rewards, not their running sums)."""
+        cum = self._cum
+        n = len(self._steps)
         return {
             "rows": self._rows,
             "start_sum": self._start_sum,
-            "first_step": _enc(self._first_step),
             "last": _enc(self._last),
-            "recent": list(self._recent),
+            "rewards": [cum[i + 1] - cum[i] for i in range(len(cum) - 1 - n, len(cum) - 1)],
+            "steps": list(self._steps),
             "diffs": list(self._diffs),
-            "blocks": {str(w): b.state() for w, b in self._blocks.items()},
+            "block": [self._block_sum, self._block_n, _enc(self._block_last)],
+            "block_diffs": list(self._block_diffs),
             "base": {k: v.state() for k, v in self._base.items()},
-            "low_since": _enc(self._low_since),
-            "low_rows": self._low_rows,
             "corro_rows": list(self._corro_rows),
             "fired": self._fired,
             "fallen": self._fallen,
+            "rearm_line": _enc(self._rearm_line),
         }
 
     def load_state_dict(self, d: Mapping[str, Any]) -> None:
@@ -628,17 +534,21 @@ class LevelShiftCollapse(Check):
         self.reset()
         self._rows, self._start_sum = int(d["rows"]), float(d["start_sum"])
         self._last = _dec(d["last"])
-        self._first_step = _dec(d["first_step"])
-        self._recent.extend(float(v) for v in d["recent"])
+        total = 0.0
+        for v in d["rewards"]:
+            total += float(v)
+            self._cum.append(total)
+        self._total = total
+        self._steps = [float(v) for v in d["steps"]]
         self._diffs.extend(float(v) for v in d["diffs"])
-        for w, b in d["blocks"].items():
-            self._blocks[int(w)].load(b)
+        bs, bn, bl = d["block"]
+        self._block_sum, self._block_n, self._block_last = float(bs), int(bn), _dec(bl)
+        self._block_diffs.extend(float(v) for v in d["block_diffs"])
         for k, v in d["base"].items():
             self._base[k].load(v)
-        self._low_since = _dec(d["low_since"])
-        self._low_rows = int(d["low_rows"])
         self._corro_rows.extend(bool(v) for v in d["corro_rows"])
         self._fired, self._fallen = bool(d["fired"]), bool(d["fallen"])
+        self._rearm_line = _dec(d["rearm_line"])
         self.rank = 3 if self._fallen else 0
 
 

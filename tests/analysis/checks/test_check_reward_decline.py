@@ -1,5 +1,5 @@
 """``RewardDecline``: a significant slow reward decline (``Signals.rw_decline``), outside a
-collapse, held 10 steps."""
+collapse, held 10 steps and a quarter of the window it was seen in."""
 
 from __future__ import annotations
 
@@ -19,19 +19,20 @@ def _rows(phase: str, decline_from: int = 30) -> list[SimpleNamespace]:
         SimpleNamespace(
             warm=s >= 20, phase=phase, step=float(s), rw_decline=FIT if s >= decline_from else None
         )
-        for s in range(60)
+        for s in range(120)
     ]
 
 
-def test_fires_after_ten_steps_with_the_fit_in_words(cfg):
+def test_fires_after_a_quarter_of_its_window_with_the_fit_in_words(cfg):
     check = RewardDecline(cfg)
     fired = [(int(s.step), a) for s in _rows("healthy") for a in check.update(s)]
-    assert [st for st, _ in fired] == [40]
+    # declining from step 30, seen over a 200-step window: held 200 / 4 = 50 steps -> 80
+    assert [st for st, _ in fired] == [80]
     a = fired[0][1]
     # (0.3 - 0.6) / 0.6 = -50%
     assert a.message == (
         "reward declining: 0.6 -> 0.3 (-50%) over 200 steps, t=-8.0, with no collapse seen "
-        "(for 10 steps); not specific to LLD"
+        "(for 50 steps); not specific to LLD"
     )
     assert a.evidence == {
         "reward_start": 0.6,
@@ -44,8 +45,17 @@ def test_fires_after_ten_steps_with_the_fit_in_words(cfg):
 def test_silent_in_a_collapse_and_before_the_warm_up(cfg):
     check = RewardDecline(cfg)
     assert not [a for s in _rows("collapse") for a in check.update(s)]
-    check = RewardDecline(cfg)  # declining from step 0: the streak starts when warm (20) -> 30
-    assert [int(s.step) for s in _rows("healthy", 0) if check.update(s)] == [30]
+    check = RewardDecline(cfg)  # declining from step 0: the streak starts when warm (20) -> 70
+    assert [int(s.step) for s in _rows("healthy", 0) if check.update(s)] == [70]
+
+
+def test_a_dip_that_recovers_within_a_quarter_of_its_window_is_not_a_decline(cfg):
+    # the decline holds steps 30-69 (40 steps < 200 / 4), then the reward is back: no alert
+    rows = _rows("healthy")
+    for r in rows[70:]:
+        r.rw_decline = None
+    check = RewardDecline(cfg)
+    assert not [a for s in rows for a in check.update(s)]
 
 
 def test_a_real_decline_through_signals(cfg, feed):

@@ -72,32 +72,44 @@ def _trl_console_collapse(corroborated: bool) -> dict[str, list[float]]:
 @pytest.mark.parametrize("corroborated", [False, True])
 def test_collapse_in_a_short_console_log_within_three_rows_of_the_fall(corroborated: bool) -> None:
     rows = _rows(**_trl_console_collapse(corroborated))
-    hits = _feed(LevelShiftCollapse(), rows)
+    check = LevelShiftCollapse()
+    hits = _feed(check, rows)
     assert len(hits) == 1, hits
     step, alert = hits[0]
-    # the fall is row 29 (step 145). Start = (0.30 + 0.45 + 0.60) / 3 = 0.45, best 3-row block
-    # ~0.91, so the line is 0.45 + 0.3 * 0.46 = 0.59. Uncorroborated: the 3-row window at step
-    # 150, (0.90 + 0.38 + 0.25) / 3 = 0.51, is the first below it (and its last row too), and
-    # the low level must hold 8 steps: 155 (5 steps) is too soon, 160 (10 steps) fires, the
-    # 3rd row after the fall. Corroborated (entropy x17, completions at the cap, from step 145:
-    # three rows in a row by step 155): the 2-row window at step 155, (0.25 + 0.10) / 2, fires
-    # at once, the 2nd row after the fall.
-    assert step == (155 if corroborated else 160)
+    # the fall is row 29 (step 145): 0.38, 0.25, 0.10, 0.00. The held level is the 16 rows
+    # before it (rows 13-28: [0.82, 0.90, 0.95, 0.88] x 4, mean 0.8875); the start is the mean
+    # of rows 1-3, 0.45. The run learned 0.8875 - (0.45 + 2 sd / sqrt 3) = 0.34 (sd ~0.089),
+    # over a quarter of its level: back at or below its start counts as collapsed. At step 150
+    # the last 2 rows, mean 0.315, + 2 standard errors (2 x 0.089 / sqrt 2 = 0.126) are at
+    # 0.44 <= 0.45: the 2nd fallen row, z = 8.6 against 5.33
+    assert step == 150
     assert alert.kind == "collapse" and alert.severity == "critical"
     ev = alert.evidence
-    assert ev["detector"] == "level_shift"
+    assert ev["detector"] == "level_shift" and ev["statistic"] == "glr_z"
+    assert ev["change_step"] == 145 and ev["window_rows"] == 2 and ev["reference_rows"] == 16
+    assert ev["reward_held"] == pytest.approx(0.8875) == ev["reward_reference"]
+    assert ev["reward_recent"] == pytest.approx(0.315)
     assert ev["reward_start"] == pytest.approx((0.30 + 0.45 + 0.6) / 3)
-    assert bool(ev["corroborated_by"]) is corroborated
-    assert "standard metrics" in alert.message
+    assert ev["reward_floor"] == 0.0 and ev["collapsed_by"] == "start"
+    assert ev["collapsed_line"] == pytest.approx(0.45)
+    # the signals corroborate from row 29 (entropy, truncation, grad norm), which takes 3 rows
+    # in a row (step 155): the fall is called first, at the plain threshold
+    assert ev["threshold"] == pytest.approx(check.threshold)
+    # z = (0.8875 - 0.315) / (sd * sqrt(1/2 + 1/16)), sd as estimated from the run
+    se = ev["noise_sd"] * math.sqrt(1 / 2 + 1 / 16)
+    assert ev["z"] == pytest.approx((0.8875 - 0.315) / se)
+    assert ev["rows_per_false_alarm"] == pytest.approx(1_500_000)
+    assert ev["corroborated_by"] == []
+    assert "standard metrics" in alert.message and "false alarm per" in alert.message
 
 
 def test_the_detector_reports_the_collapse_phase_and_keeps_it_while_the_run_is_dead() -> None:
     df = pd.DataFrame(_trl_console_collapse(True))
     a = analyze_run(df)
     crit = [x for x in a.alerts if x.severity == "critical"]
-    assert crit and crit[0].step == 155 and crit[0].kind == "collapse"
+    assert crit and crit[0].step == 150 and crit[0].kind == "collapse"
     assert a.phases[-1].phase == "collapse"  # dead to the end: never healthy or unknown again
-    assert a.collapse_step is not None and a.collapse_step <= 155
+    assert a.collapse_step is not None and a.collapse_step <= 150
 
 
 def test_a_plateau_near_the_maximum_and_a_stable_low_reward_are_not_collapses() -> None:
@@ -125,7 +137,7 @@ def test_a_run_that_never_learned_does_not_collapse_without_a_corroborating_sign
     assert _feed(LevelShiftCollapse(), _rows(step=list(range(1, 301)), reward_mean=reward)) == []
 
 
-def test_a_run_that_falls_from_its_first_steps_collapses_with_corroboration() -> None:
+def test_a_run_that_falls_from_its_first_steps_to_below_its_start_collapses() -> None:
     """The shape of a verl run that died at step 3: score -0.68 -> -1.0 (its floor), responses
     1759 -> 1 token; no level was held but the start."""
     reward = [-0.676, -0.717, -0.844, -0.88, -0.918, -0.94, -0.966, -0.98, -0.998] + [-1.0] * 30
@@ -136,13 +148,16 @@ def test_a_run_that_falls_from_its_first_steps_collapses_with_corroboration() ->
     hits = _feed(LevelShiftCollapse(), rows)
     assert len(hits) == 1
     step, alert = hits[0]
-    # corroborated from row 9 on (length 20 <= 0.25 x median 1014 and below every earlier
-    # value; grad norm 1e-4 from row 10); the 2-row windows need 3 blocks clear of them and
-    # the noise of the declining block means (~0.1) to be beaten: within 20 rows of the onset
-    assert step <= 20
+    # the start (mean of the first 3 rows, -0.746) is below zero, so it is the floor; the test
+    # needs 8 rows before the change: the 2 rows from step 9 against rows 1-8 (mean -0.865) at
+    # step 10, corroborated (length 20 <= 0.25 x its median; grad norm dead)
+    assert step == 10
     assert alert.evidence["corroborated_by"]
-    # without the length the same rewards are a run that never gained: no collapse alert
-    assert _feed(LevelShiftCollapse(), _rows(step=steps, reward_mean=reward)) == []
+    assert alert.evidence["reward_floor"] == pytest.approx(-0.7456666, abs=1e-6)
+    assert alert.evidence["reward_held"] == pytest.approx(sum(reward[:8]) / 8)
+    # without the corroborating signals the higher threshold is crossed a row later
+    plain = _feed(LevelShiftCollapse(), _rows(step=steps, reward_mean=reward))
+    assert [s for s, _ in plain] == [11]
 
 
 def test_a_single_corroborating_spike_does_not_shorten_the_window() -> None:
@@ -153,14 +168,17 @@ def test_a_single_corroborating_spike_does_not_shorten_the_window() -> None:
             r.grad_norm = 0.3
     rows[28].grad_norm = 50.0
     hits = _feed(LevelShiftCollapse(), rows)
-    assert [s for s, _ in hits] == [160]  # as without corroboration
+    assert [s for s, _ in hits] == [150]  # as without corroboration
+    # the uncorroborated threshold
+    assert hits[0][1].evidence["threshold"] == LevelShiftCollapse().threshold
 
 
-def test_scale_and_offset_of_the_reward_do_not_change_the_alert_rows() -> None:
+def test_the_scale_of_the_reward_does_not_change_the_alert_rows() -> None:
+    # (an offset does: zero is the floor of a reward that starts at or above it)
     cols = _trl_console_collapse(False)
     base = [s for s, _ in _feed(LevelShiftCollapse(), _rows(**cols))]
-    cols2 = dict(cols, reward_mean=[2.5 * r - 1.0 for r in cols[C.REWARD_MEAN]])
-    assert [s for s, _ in _feed(LevelShiftCollapse(), _rows(**cols2))] == base == [160]
+    cols2 = dict(cols, reward_mean=[2.5 * r for r in cols[C.REWARD_MEAN]])
+    assert [s for s, _ in _feed(LevelShiftCollapse(), _rows(**cols2))] == base == [150]
 
 
 def test_repeated_rows_of_a_rollout_batch_are_not_taken_as_zero_noise() -> None:
@@ -215,10 +233,12 @@ def test_reset_returns_to_a_fresh_state(check) -> None:
 
 
 def test_bad_hyperparameters_are_refused_with_the_name() -> None:
-    with pytest.raises(ValueError, match="windows"):
-        LevelShiftConfig(windows=(1, 3))
-    with pytest.raises(ValueError, match="keep_frac"):
-        LevelShiftConfig(keep_frac=0.0)
+    with pytest.raises(ValueError, match="p_false_run"):
+        LevelShiftConfig(p_false_run=0.0)
+    with pytest.raises(ValueError, match="floor_frac must be below 1"):
+        LevelShiftConfig(floor_frac=1.5)
+    with pytest.raises(ValueError, match="never raises it"):
+        LevelShiftConfig(p_false_run=0.01, p_false_run_corroborated=0.001)
     with pytest.raises(ValueError, match="length_frac"):
         ModeCollapseConfig(length_frac=-1.0)
 
@@ -251,13 +271,79 @@ def test_standard_generators_label_what_they_draw(kind: str) -> None:
 
 
 def test_no_collapse_before_the_minimum_rows_of_evidence() -> None:
-    """The shortest window (2 rows, corroborated) needs 3 blocks of 2 clear of it: no alert
-    before row 8, however hard the reward falls; the 3-row window needs 3 x 3 + 3 = 12 rows."""
-    reward = [0.9, 0.9, 0.9, 0.0] + [0.0] * 20
-    grad = [0.3, 0.3, 0.3, 0.0] + [0.0] * 20  # dead from row 4: corroborated from row 6 on
-    rows = _rows(step=list(range(1, 25)), reward_mean=reward, grad_norm=grad)
-    hits = _feed(LevelShiftCollapse(), rows)
-    assert hits and hits[0][0] >= 8
-    # without corroboration: the 3-row window, 12 rows in, and held 8 steps
-    plain = _feed(LevelShiftCollapse(), _rows(step=list(range(1, 25)), reward_mean=reward))
-    assert plain == [] or plain[0][0] >= 12
+    """The test needs 8 rows before the change and 2 after it: nothing before row 10, however
+    hard the reward falls; a fall at row 13 is called at row 14 (2 rows since), with or without
+    a dead gradient."""
+    early = _rows(step=list(range(1, 25)), reward_mean=[0.9] * 3 + [0.0] * 21)
+    hits = _feed(LevelShiftCollapse(), early)
+    # (rows 1-8 mean 0.3375: the zeros from row 4 drag the only possible reference down, so the
+    # call waits until 16 rows since row 9 make the difference significant)
+    assert [s for s, _ in hits] == [24]
+    reward = [0.9] * 12 + [0.0] * 12
+    grad = [0.3] * 12 + [0.0] * 12
+    for kw in ({}, {"grad_norm": grad}):
+        hits = _feed(LevelShiftCollapse(), _rows(step=list(range(1, 25)), reward_mean=reward, **kw))
+        # one change among exact repeats: the noise is min_noise_frac x 0.9; z is huge
+        assert [s for s, _ in hits] == [14]
+        assert hits[0][1].evidence["change_step"] == 13
+
+
+def _bernoulli_rows(rng, p, n, samples, scale=1.0):
+    return list(scale * rng.binomial(samples, p, n) / samples)
+
+
+def test_a_long_noisy_bimodal_healthy_run_gets_no_critical_alert() -> None:
+    """The shape of a tool-calling agent's TRL log: one prompt a step, reward 0 or 2, mean 0.9
+    from start to end (its first rows high, 1.6), 2400 steps, single-step entropy spikes."""
+    rng = np.random.default_rng(11)
+    reward = [2.0, 2.0, 0.0, 2.0, 2.0, *_bernoulli_rows(rng, 0.45, 2395, 1, 2.0)]
+    entropy = list(rng.uniform(0.3, 0.4, 2400))
+    for i in rng.choice(2400, 24, replace=False):
+        entropy[i] *= 10.0
+    df = pd.DataFrame(
+        {C.STEP: range(1, 2401), C.REWARD_MEAN: reward, C.ENTROPY: entropy, C.GRAD_NORM: 0.5}
+    )
+    a = analyze_run(df)
+    assert not [x for x in a.alerts if x.severity == "critical"], [
+        x.message for x in a.alerts if x.severity == "critical"
+    ]
+
+
+@pytest.mark.parametrize("held", [0.91, 0.88, 0.85])
+def test_a_run_that_starts_at_its_plateau_collapses_on_time(held: float) -> None:
+    """No rise to measure a gain by: 900 rows at ``held`` (8 samples a row), then near zero
+    (0.02): a fall of about 7-8 row sd, called within 3 rows, uncorroborated."""
+    rng = np.random.default_rng(int(held * 100))
+    reward = _bernoulli_rows(rng, held, 900, 8) + _bernoulli_rows(rng, 0.02, 100, 8)
+    hits = _feed(LevelShiftCollapse(), _rows(step=list(range(1, 1001)), reward_mean=reward))
+    assert len(hits) == 1
+    assert 901 <= hits[0][0] <= 903
+    assert hits[0][1].evidence["corroborated_by"] == []
+
+
+def test_the_online_statistic_is_the_batch_statistic() -> None:
+    """The alert's z is ``stats.glr_scan``'s at that row and length, with the alert's noise."""
+    from lld_monitor.analysis.stats import glr_scan
+
+    rng = np.random.default_rng(5)
+    reward = list(0.6 + rng.normal(0, 0.05, 300)) + list(0.1 + rng.normal(0, 0.05, 20))
+    hits = _feed(LevelShiftCollapse(), _rows(step=list(range(1, 321)), reward_mean=reward))
+    step, alert = hits[0]
+    ev = alert.evidence
+    z, _ = glr_scan(reward[:step], ev["noise_sd"], lengths=[ev["window_rows"]])
+    assert z[step - 1] == pytest.approx(ev["z"])
+
+
+def test_a_dense_log_that_starts_at_its_plateau_is_called_within_a_few_rows() -> None:
+    """The shape of a Search-R1 run on verl: score ~0.32 from its first step (noise sd 0.055 a
+    row), falling to ~0.055 at step 301 and staying there, nothing else moving (the level-shift
+    check of before called it at step 337). A fall of about 5 row sd: the level since the change
+    is near the floor (0.35 x 0.32 = 0.112) by its mean + 2 standard errors from 4 rows on."""
+    rng = np.random.default_rng(301)
+    reward = list(0.32 + rng.normal(0, 0.055, 300)) + list(0.055 + rng.normal(0, 0.02, 90))
+    hits = _feed(LevelShiftCollapse(), _rows(step=list(range(1, 391)), reward_mean=reward))
+    assert len(hits) == 1
+    step, alert = hits[0]
+    assert 301 <= step <= 305  # within 2% of the run (7.8 rows)
+    assert alert.evidence["collapsed_by"] == "floor"
+    assert alert.evidence["change_step"] == pytest.approx(301, abs=1)

@@ -1,0 +1,167 @@
+"""Shared running statistics of the analyzer: EMA weights, robust noise, the change-in-level test.
+
+One home for the statistics the checks compose (river's ``stats/``): ``ema_weight``; the robust
+noise of a row from its consecutive differences (``robust_sd``); and the test for a downward
+change in a level, ``glr_scan`` (a whole series at once) with its calibrated threshold
+(``glr_threshold`` / ``glr_rows_per_false_alarm``), which ``checks/level_shift.py`` runs one row
+at a time.
+
+The change-in-level test (a windowed GLR for a shift in the mean of Gaussian noise, Lorden 1971):
+at row n, for every post-change length L in ``GLR_LENGTHS`` (the change point n - L), the mean of
+the L rows since is compared with the mean of the R(L) rows before it (the pre-change segment,
+``glr_ref_rows``), in units of its own standard error::
+
+    z(n, L) = (mean(x[n-L-R : n-L]) - mean(x[n-L : n])) / (sigma * sqrt(1/L + 1/R))
+
+and the statistic is max_L z(n, L). Testing 15 lengths at every row is testing many hypotheses:
+the threshold ``c`` is set by simulation (white Gaussian noise, noise estimated as the check
+estimates it: ``trimmed_sd`` of the differences, ``robust_sd`` of block means;
+``scripts/calibrate_level_shift.py``) so that a run of ``GLR_CAL_ROWS`` rows of pure
+noise crosses it with a stated probability; ``glr_rows_per_false_alarm(c)`` states the implied
+rate. The best possible delay for a shift of delta noise sd is about 2 ln(ARL0) / delta^2 rows
+(Lorden); this test reaches about c^2 / delta^2 (1 + L/R) rows, 2 rows at the least.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+#: Post-change lengths (rows) tested at every row: a geometric grid, 2 rows at the least (one row
+#: is never a level).
+GLR_LENGTHS: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+#: The least rows of the pre-change segment behind a test.
+GLR_MIN_REF = 8
+#: The most rows of the pre-change segment.
+GLR_MAX_REF = 256
+#: Rows per simulated run in the calibration table.
+GLR_CAL_ROWS = 3000
+
+#: (threshold c, probability that a run of GLR_CAL_ROWS rows of white Gaussian noise crosses it),
+#: from ``scripts/calibrate_level_shift.py --runs 40000`` (noise estimated from each run as the
+#: check does). Between the points the log-probability is interpolated linearly in c.
+GLR_CALIBRATION: tuple[tuple[float, float], ...] = (
+    (3.5, 0.58240),
+    (4.0, 0.21798),
+    (4.5, 0.04720),
+    (5.0, 0.00770),
+    (5.5, 0.00100),
+    (6.0, 0.00013),
+    (6.5, 0.00003),
+)
+
+_MAD_TO_SD_DIFF = 0.9539  # median |d| of d = e1 - e2, e ~ N(0, s^2): 0.6745 * sqrt(2) * s
+
+
+def ema_weight(dt: float, tau: float) -> float:
+    """Weight of a new value in an EMA with time constant ``tau`` steps, ``dt`` steps later."""
+    return 1.0 - math.exp(-dt / tau)
+
+
+def median(values: Iterable[float]) -> float:
+    """The median of ``values`` (NaN when empty)."""
+    srt = sorted(values)
+    n = len(srt)
+    if not n:
+        return math.nan
+    h = n >> 1
+    return srt[h] if n & 1 else 0.5 * (srt[h - 1] + srt[h])
+
+
+#: sd of one value from a trimmed mean square of consecutive differences: the largest 1/32 of
+#: |d| are left out (a fall, a spike) and the rest rescaled: Gaussian d cut at their 96.9th
+#: percentile of |d| keep 0.8256 of their mean square per kept value (truncated normal)
+_TRIM = 1.0 / 32.0
+_TRIM_KEEP = 0.8256
+
+
+def trimmed_sd(abs_diffs: Sequence[float]) -> float:
+    """The sd of one value of a noisy series from the absolute differences of consecutive values,
+    zeros included: sqrt(mean d^2 / 2) over all but the largest 1/32 of them, rescaled to be
+    exact for Gaussian noise. Unlike a median it is right for discrete rows (the mean of a few
+    0/1 rewards, where most differences are exactly 0 or one value); the change itself and
+    single-row spikes are trimmed. NaN when empty."""
+    n = len(abs_diffs)
+    if not n:
+        return math.nan
+    keep = n - int(n * _TRIM)
+    srt = sorted(abs_diffs)[:keep]
+    ms = sum(d * d for d in srt) / keep
+    if keep < n:
+        ms /= _TRIM_KEEP
+    return math.sqrt(0.5 * ms)
+
+
+def robust_sd(abs_diffs: Iterable[float]) -> float:
+    """The sd of one value of a noisy series from the absolute differences of consecutive values:
+    median |d| / (0.6745 sqrt 2). A few large differences (the change itself, a spike) do not
+    move it; NaN when empty."""
+    return median(abs_diffs) / _MAD_TO_SD_DIFF
+
+
+def glr_ref_rows(length: int) -> int:
+    """Rows of the pre-change segment that a post-change length is compared with: four times
+    as many, 16 at the least, ``GLR_MAX_REF`` at the most."""
+    return min(max(4 * length, 16), GLR_MAX_REF)
+
+
+def glr_threshold(p_run: float) -> float:
+    """The threshold c at which a run of ``GLR_CAL_ROWS`` rows of noise crosses with
+    probability ``p_run`` (interpolated in the calibration table)."""
+    if not 0.0 < p_run < 1.0:
+        raise ValueError(f"p_run must be in (0, 1), got {p_run!r}")
+    cal = GLR_CALIBRATION
+    lp = math.log(p_run)
+    for (c0, p0), (c1, p1) in itertools.pairwise(cal):
+        if p_run >= p1:
+            f = (lp - math.log(p0)) / (math.log(p1) - math.log(p0))
+            return c0 + max(f, 0.0) * (c1 - c0)
+    (c0, p0), (c1, p1) = cal[-2], cal[-1]  # beyond the table: extrapolated
+    return c1 + (lp - math.log(p1)) / (math.log(p1) - math.log(p0)) * (c1 - c0)
+
+
+def glr_rows_per_false_alarm(c: float) -> float:
+    """About how many rows of noise pass per false crossing of threshold ``c``
+    (``GLR_CAL_ROWS`` / the probability that a run of that length crosses)."""
+    cal = GLR_CALIBRATION
+    for (c0, p0), (c1, p1) in itertools.pairwise(cal):
+        if c <= c1 or (c1, p1) == cal[-1]:
+            f = (c - c0) / (c1 - c0)
+            lp = math.log(p0) + f * (math.log(p1) - math.log(p0))
+            return GLR_CAL_ROWS / min(math.exp(lp), 1.0)
+    return math.inf  # (unreachable: the loop ends at the table's last pair)
+
+
+def glr_scan(
+    x: Sequence[float] | np.ndarray, sigma: float, lengths: Sequence[int] = GLR_LENGTHS
+) -> tuple[np.ndarray, np.ndarray]:
+    """The change-in-level statistic of a whole series at once (the batch twin of the online
+    check): for every row n, max over the post-change lengths L of z(n, L) (see the module
+    docstring) and the L that gave it; NaN / 0 where no length has ``GLR_MIN_REF`` rows before
+    it. ``x``: [n] values; ``sigma``: the sd of one value. Returns ([n] z, [n] L)."""
+    x = np.asarray(x, dtype=float)  # [n]
+    n = len(x)
+    cum = np.concatenate([[0.0], np.cumsum(x)])  # [n + 1]
+    best = np.full(n, -np.inf)
+    best_len = np.zeros(n, dtype=int)
+    idx = np.arange(1, n + 1)  # rows counted from 1: row i ends at cum[i]
+    for length in lengths:
+        r_max = glr_ref_rows(length)
+        r = np.minimum(idx - length, r_max)  # [n] pre-change rows available
+        ok = r >= GLR_MIN_REF
+        if not ok.any():
+            continue
+        i = idx[ok]
+        rr = r[ok]
+        post = (cum[i] - cum[i - length]) / length
+        ref = (cum[i - length] - cum[i - length - rr]) / rr
+        z = (ref - post) / (sigma * np.sqrt(1.0 / length + 1.0 / rr))
+        sel = np.zeros(n, dtype=bool)
+        sel[ok] = z > best[ok]
+        best[sel] = z[sel[ok]]
+        best_len[sel] = length
+    best[np.isinf(best)] = np.nan
+    return best, best_len

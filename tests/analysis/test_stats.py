@@ -1,0 +1,91 @@
+"""The shared statistics (analysis/stats.py): the noise estimates and the change-in-level test,
+on hand-made series with the expected values derived in the comments, and its calibration
+checked against a fresh simulation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from lld_monitor.analysis.stats import (
+    GLR_CAL_ROWS,
+    GLR_CALIBRATION,
+    ema_weight,
+    glr_ref_rows,
+    glr_rows_per_false_alarm,
+    glr_scan,
+    glr_threshold,
+    median,
+    robust_sd,
+    trimmed_sd,
+)
+
+
+def test_median_and_ema_weight() -> None:
+    assert median([3.0, 1.0, 2.0]) == 2.0 and median([4.0, 1.0]) == 2.5
+    assert math.isnan(median([]))
+    assert ema_weight(1.0, 1.0) == pytest.approx(1.0 - math.exp(-1.0))
+
+
+def test_trimmed_sd_by_hand_and_on_gaussian_noise() -> None:
+    # 31 differences of 1: nothing trimmed (31 // 32 = 0): sqrt(1 / 2)
+    assert trimmed_sd([1.0] * 31) == pytest.approx(math.sqrt(0.5))
+    # one difference of 100 among 32 is trimmed; the rest rescaled by 1 / 0.8256
+    assert trimmed_sd([1.0] * 31 + [100.0]) == pytest.approx(math.sqrt(0.5 / 0.8256))
+    # zeros count (discrete rows): half the differences 0, half 1 -> sqrt(0.5 * 0.5)
+    assert trimmed_sd([0.0, 1.0] * 10) == pytest.approx(0.5)
+    x = np.random.default_rng(0).normal(0.0, 2.0, 20_000)
+    assert trimmed_sd(np.abs(np.diff(x)).tolist()) == pytest.approx(2.0, rel=0.03)
+    assert robust_sd(np.abs(np.diff(x)).tolist()) == pytest.approx(2.0, rel=0.03)
+
+
+def test_glr_scan_by_hand() -> None:
+    # 8 rows at 1, then 0, 0, sd 1. Row 10: L = 2 against the R = min(16, 10 - 2) = 8 rows
+    # before: z = (1 - 0) / sqrt(1/2 + 1/8) = 1.2649; L = 3 has 7 rows before it (< 8): out
+    x = [1.0] * 8 + [0.0, 0.0]
+    z, length = glr_scan(x, 1.0)
+    assert z[9] == pytest.approx(1.0 / math.sqrt(0.625)) and length[9] == 2
+    assert np.isnan(z[:9]).all()  # fewer than 8 rows before any 2-row window
+    # the noise scales z
+    assert glr_scan(x, 0.5)[0][9] == pytest.approx(2.0 / math.sqrt(0.625))
+
+
+def test_the_reference_is_the_mean_of_the_segment_before_the_change_not_its_best_window() -> None:
+    # 16 rows alternating 1, 0 (mean 0.5, best 2-row mean 1), then 0, 0: at row 18, L = 2 is
+    # compared with all R = 16 rows before: z = 0.5 / sqrt(1/2 + 1/16) = 0.667 (a reference at
+    # the best window's 1.0 would give 1.33)
+    x = [1.0, 0.0] * 8 + [0.0, 0.0]
+    z, _ = glr_scan(x, 1.0, lengths=[2])
+    assert z[17] == pytest.approx(0.5 / math.sqrt(0.5625))
+    assert glr_ref_rows(2) == 16 and glr_ref_rows(10) == 40 and glr_ref_rows(256) == 256
+
+
+def test_the_threshold_is_the_calibration_table_and_states_its_rate() -> None:
+    for c, p in GLR_CALIBRATION:
+        assert glr_threshold(p) == pytest.approx(c)
+        assert glr_rows_per_false_alarm(c) == pytest.approx(GLR_CAL_ROWS / p)
+    assert glr_threshold(0.002) < glr_threshold(0.001) < glr_threshold(0.0001)
+    assert glr_rows_per_false_alarm(glr_threshold(0.002)) == pytest.approx(1_500_000)
+    with pytest.raises(ValueError, match="p_run"):
+        glr_threshold(0.0)
+
+
+def test_the_calibration_holds_on_fresh_noise() -> None:
+    """200 fresh runs of 3000 rows of white noise, noise estimated as the check does: the share
+    that crosses c = 4.0 is the table's (0.218; binomial sd 0.03 at 200 runs), and at the
+    default threshold (p = 0.002) at most 2 of 200 cross."""
+    rng = np.random.default_rng(2026)
+    c_default = glr_threshold(0.002)
+    peaks = []
+    for _ in range(200):
+        x = rng.normal(0.0, 1.0, GLR_CAL_ROWS)
+        s_row = trimmed_sd(np.abs(np.diff(x[:129])).tolist())
+        blocks = x[: 33 * 8].reshape(-1, 8).mean(axis=1)
+        s_lr = robust_sd(np.abs(np.diff(blocks)).tolist()) * math.sqrt(8)
+        z, _ = glr_scan(x, max(s_row, s_lr))
+        peaks.append(np.nanmax(z))
+    share = float(np.mean(np.array(peaks) >= 4.0))
+    assert abs(share - 0.218) <= 0.1, share
+    assert sum(p >= c_default for p in peaks) <= 2
