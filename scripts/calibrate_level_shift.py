@@ -3,9 +3,10 @@
     python scripts/calibrate_level_shift.py --runs 4000 --seed 0
 
 Draws runs of GLR_CAL_ROWS rows of white Gaussian noise, estimates each run's noise as the check
-does (trimmed sd of the consecutive differences, and the long-run sd from 8-row block means: the
-larger), computes the statistic at every row (``glr_scan``) and prints, for each threshold c, the
-share of runs whose statistic ever crosses c: the table ``GLR_CALIBRATION`` in stats.py.
+does (``stats.series_noise_sd``: trimmed sd of the consecutive differences, the long-run sd from
+2-, 4- and 8-row block means, the largest), computes the statistic at every row (``glr_scan``)
+and prints, for each threshold c, the share of runs whose statistic ever crosses c: the table
+``GLR_CALIBRATION`` in stats.py.
 """
 
 from __future__ import annotations
@@ -15,17 +16,7 @@ import time
 
 import numpy as np
 
-from lld_monitor.analysis.stats import GLR_CAL_ROWS, glr_scan, robust_sd, trimmed_sd
-
-BLOCK = 8
-
-
-def run_sigma(x: np.ndarray) -> float:
-    """The noise of a run as the check estimates it (on the first 128 differences / 32 blocks)."""
-    s_row = trimmed_sd(np.abs(np.diff(x[:129])).tolist())
-    blocks = x[: 33 * BLOCK].reshape(-1, BLOCK).mean(axis=1)  # (>= 8 block differences)
-    s_lr = robust_sd(np.abs(np.diff(blocks)).tolist()) * np.sqrt(BLOCK)
-    return max(s_row, s_lr)
+from lld_monitor.analysis.stats import GLR_CAL_ROWS, glr_scan, series_noise_sd
 
 
 def main() -> None:
@@ -39,7 +30,7 @@ def main() -> None:
     peaks = np.empty(args.runs)
     for i in range(args.runs):
         x = rng.normal(0.0, 1.0, args.rows)
-        z, _ = glr_scan(x, run_sigma(x))
+        z, _ = glr_scan(x, series_noise_sd(x))
         peaks[i] = np.nanmax(z)
     print(f"{args.runs} runs x {args.rows} rows in {time.perf_counter() - t0:.1f} s")
     for c in (3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 6.5):

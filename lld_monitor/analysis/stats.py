@@ -42,13 +42,15 @@ GLR_CAL_ROWS = 3000
 
 #: (threshold c, probability that a run of GLR_CAL_ROWS rows of white Gaussian noise crosses it),
 #: from ``scripts/calibrate_level_shift.py --runs 40000`` (noise estimated from each run as the
-#: check does). Between the points the log-probability is interpolated linearly in c.
+#: check does). Between the points the log-probability is
+#: interpolated linearly in c, beyond them extrapolated (an overstatement: Gaussian tails fall
+#: faster).
 GLR_CALIBRATION: tuple[tuple[float, float], ...] = (
-    (3.5, 0.58240),
-    (4.0, 0.21798),
-    (4.5, 0.04720),
-    (5.0, 0.00770),
-    (5.5, 0.00100),
+    (3.5, 0.56842),
+    (4.0, 0.21625),
+    (4.5, 0.04918),
+    (5.0, 0.00792),
+    (5.5, 0.00108),
     (6.0, 0.00013),
     (6.5, 0.00003),
 )
@@ -100,6 +102,36 @@ def robust_sd(abs_diffs: Iterable[float]) -> float:
     median |d| / (0.6745 sqrt 2). A few large differences (the change itself, a spike) do not
     move it; NaN when empty."""
     return median(abs_diffs) / _MAD_TO_SD_DIFF
+
+
+_MAD_TO_SD_D2 = 0.6745 * math.sqrt(6.0)  # median |d2| of d2 = e1 - 2 e2 + e3, e ~ N(0, 1)
+
+
+def block_sd(abs_second_diffs: Iterable[float], b: int) -> float:
+    """The long-run sd of one value from the absolute second differences of consecutive means
+    of ``b``-value blocks (m[i+1] - 2 m[i] + m[i-1]: a linear trend cancels, a learning rise does
+    not pass for noise): median |d2| / (0.6745 sqrt 6) x sqrt(b). For correlated values (a
+    rollout batch logged on several rows) it exceeds the sd of the values themselves."""
+    return median(abs_second_diffs) / _MAD_TO_SD_D2 * math.sqrt(b)
+
+
+def series_noise_sd(
+    x: Sequence[float] | np.ndarray, n_diffs: int = 128, blocks: Sequence[int] = (8,)
+) -> float:
+    """The noise of a whole series as ``LevelShiftCollapse`` estimates it online, from its first
+    rows (the calibration's twin): the trimmed sd of the first ``n_diffs`` consecutive
+    differences, and the long-run sd from the first 34 means of ``b``-row blocks (``block_sd``
+    of their 32 second differences) for each b in ``blocks`` (the check uses its longest blocks
+    once they have 8 differences: 8 rows in a run of 3000); the largest."""
+    x = np.asarray(x, dtype=float)  # [n]
+    s = trimmed_sd(np.abs(np.diff(x[: n_diffs + 1])).tolist())
+    for b in blocks:
+        means = x[: 34 * b]
+        means = means[: len(means) // b * b].reshape(-1, b).mean(axis=1)
+        if len(means) >= 10:
+            d2 = np.abs(means[2:] - 2.0 * means[1:-1] + means[:-2])
+            s = max(s, block_sd(d2.tolist(), b))
+    return s
 
 
 def glr_ref_rows(length: int) -> int:

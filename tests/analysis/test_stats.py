@@ -19,6 +19,7 @@ from lld_monitor.analysis.stats import (
     glr_threshold,
     median,
     robust_sd,
+    series_noise_sd,
     trimmed_sd,
 )
 
@@ -81,10 +82,7 @@ def test_the_calibration_holds_on_fresh_noise() -> None:
     peaks = []
     for _ in range(200):
         x = rng.normal(0.0, 1.0, GLR_CAL_ROWS)
-        s_row = trimmed_sd(np.abs(np.diff(x[:129])).tolist())
-        blocks = x[: 33 * 8].reshape(-1, 8).mean(axis=1)
-        s_lr = robust_sd(np.abs(np.diff(blocks)).tolist()) * math.sqrt(8)
-        z, _ = glr_scan(x, max(s_row, s_lr))
+        z, _ = glr_scan(x, series_noise_sd(x))
         peaks.append(np.nanmax(z))
     share = float(np.mean(np.array(peaks) >= 4.0))
     assert abs(share - 0.218) <= 0.1, share

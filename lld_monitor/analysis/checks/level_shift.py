@@ -9,16 +9,20 @@ a sequential test whose false-alarm rate is set, not tuned (``analysis/stats.py`
   n - L), the mean of the L rows since against the mean of the R = 4L (16-256) rows before
   (the pre-change segment: never a maximum over windows), in units of its standard error with
   the noise estimated from the run itself (trimmed sd of consecutive differences; the long-run
-  sd of 8-row block means where rows correlate: the larger). The maximum
-  over L is compared with a threshold c set by simulation so that about one run in 500 of 3000
-  rows of such noise crosses it (``p_false_run``); its evidence states the false-alarm rate.
-  A big fall crosses within 2 rows; a small one takes about c^2 / delta^2 rows.
-- **Collapsed, not a dip.** The fall counts only when the level since the change sits near the
-  run's floor: its mean plus ``floor_sd`` standard errors at or below floor + ``floor_frac`` x
-  (held - floor), where the floor is zero or the run's starting level when it started below
-  zero; or, for a run that learned most of its level from its start, back near that start
-  (start + ``start_frac`` x gain); and the drop is at least ``min_drop`` (rewards move on a
-  scale of 0.1). A run that starts at its plateau is judged against the floor alone.
+  sd of 8-row block means where rows correlate, of 2- or 4-row ones early in a run; the
+  larger). The maximum over L is compared with a threshold c set by simulation so that about
+  one run in 500 of 3000 rows of such noise crosses it (``p_false_run``); its evidence states
+  the false-alarm rate. A big fall crosses within 2 rows; a small one takes about
+  c^2 / delta^2 rows. Rows that repeat rollout batches count once a batch, and are not
+  tested before 8 batches.
+- **Collapsed, not a dip.** The fall counts only when the level since the change, by its mean
+  plus ``floor_sd`` standard errors, is near the run's floor: at or below floor + ``floor_frac``
+  x (held - floor), the floor being zero or the run's starting level when that is below zero;
+  or, for a run that learned at least ``learned_frac`` of its height from its start (its peak
+  over the start), back near that start (start + ``start_frac`` x gain); or, having learned at
+  least ``below_start_frac``, back at or below its start. The drop is at least ``min_drop``
+  (rewards move on a scale of 0.1). A run that starts at its plateau is judged against the
+  floor alone.
 - **Corroboration** (grad norm surge or death, entropy blow-up or collapse, completions at the
   length cap or down to a few tokens, all-identical groups, on 3 rows in a row: a single-row
   spike is none) lowers the threshold to ``p_false_run_corroborated``; it never replaces the
@@ -39,6 +43,7 @@ statistic already, and the phase machine's ``collapse_persist_steps`` would cost
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Mapping
@@ -52,10 +57,10 @@ from lld_monitor.analysis.stats import (
     GLR_LENGTHS,
     GLR_MAX_REF,
     GLR_MIN_REF,
+    block_sd,
     glr_ref_rows,
     glr_rows_per_false_alarm,
     glr_threshold,
-    robust_sd,
     trimmed_sd,
 )
 from lld_monitor.analysis.stats import median as _median
@@ -65,6 +70,10 @@ from lld_monitor.events import Alert
 _NAN = float("nan")
 _enc, _dec = json_float, from_json_float
 _BUFFER = GLR_MAX_REF + max(GLR_LENGTHS)  # rows the longest test reaches back
+_TESTS = tuple((n, glr_ref_rows(n)) for n in GLR_LENGTHS)  # (post-change rows, rows before)
+_NOISE_EVERY_FROM = 64  # rows after which the noise is estimated every 8 rows
+_REPEAT_ROWS = 64  # last rows behind the repeated-batch test of the noise estimate
+_PEAK_ROWS = 16  # rows per block behind the run's peak level
 _NEAR_ROWS = 16  # rows before the change behind the held level that "near the floor" is judged by
 
 
@@ -88,8 +97,9 @@ class LevelShiftConfig:
     min_drop: float = 0.05  # ... and at least this far below the held level (reward units)
     start_rows: int = 3  # the run's starting level: the mean of its first rows
     noise_rows: int = 128  # consecutive differences behind the row noise
-    block_rows: int = 8  # rows per block mean of the long-run noise ...
-    noise_blocks: int = 32  # ... from this many block differences
+    # rows per block mean of the long-run noise (the longest with enough blocks is used) ...
+    block_rows: tuple[int, ...] = (2, 4, 8)
+    noise_blocks: int = 32  # ... from the last this many block differences (8 at the least)
     min_noise_frac: float = 0.01  # noise sd at least this share of max(|held level|, 0.1)
     corroborated_rows: int = 3  # rows among the last 3 that show a corroborating signal
     baseline_rows: int = 32  # values of a corroborating signal behind its baseline (median)
@@ -106,8 +116,13 @@ class LevelShiftConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if not isinstance(v, int | float) or isinstance(v, bool) or not v > 0:
+            vals = v if isinstance(v, tuple) else (v,)
+            if not vals or any(
+                not isinstance(x, int | float) or isinstance(x, bool) or not x > 0 for x in vals
+            ):
                 raise ValueError(f"LevelShiftConfig.{f.name} must be positive, got {v!r}")
+        if any(int(b) != b or b < 2 for b in self.block_rows):
+            raise ValueError("LevelShiftConfig.block_rows must be whole numbers of rows >= 2")
         for name in (
             "p_false_run",
             "p_false_run_corroborated",
@@ -124,6 +139,51 @@ class LevelShiftConfig:
                 "LevelShiftConfig.p_false_run_corroborated must be at least p_false_run "
                 "(corroboration lowers the threshold, never raises it)"
             )
+
+
+class _BlockNoise:
+    """The long-run sd of one row from the means of consecutive ``b``-row blocks
+    (``stats.block_sd``: the median |second difference| of consecutive block means, which a
+    learning rise or a slow decline does not inflate, x sqrt(b)), from the last ``n`` second
+    differences; NaN before 8 (fewer: the fall itself could be their median). Rows that
+    correlate (a rollout batch logged on several rows, a wandering prompt difficulty) vary less
+    from row to row than their means do over blocks."""
+
+    __slots__ = ("b", "count", "d2", "last", "prev", "total")
+
+    def __init__(self, b: int, n: int) -> None:
+        self.b = b
+        self.total = 0.0
+        self.count = 0
+        self.last = _NAN  # the last block mean
+        self.prev = _NAN  # the one before it
+        self.d2: deque[float] = deque(maxlen=n)
+
+    def push(self, x: float) -> bool:
+        """Add one row; True when it completed a block."""
+        self.total += x
+        self.count += 1
+        if self.count < self.b:
+            return False
+        m = self.total / self.b
+        if self.prev == self.prev:
+            self.d2.append(abs(m - 2.0 * self.last + self.prev))
+        self.prev, self.last = self.last, m
+        self.total, self.count = 0.0, 0
+        return True
+
+    def sd(self) -> float:
+        d = self.d2
+        return block_sd(d, self.b) if len(d) >= 8 else _NAN
+
+    def state(self) -> list[Any]:
+        return [self.total, self.count, _enc(self.last), _enc(self.prev), list(self.d2)]
+
+    def load(self, st: list[Any]) -> None:
+        self.total, self.count = float(st[0]), int(st[1])
+        self.last, self.prev = _dec(st[2]), _dec(st[3])
+        self.d2.clear()
+        self.d2.extend(float(v) for v in st[4])
 
 
 class _Baseline:
@@ -205,10 +265,12 @@ class LevelShiftCollapse(Check):
         self._steps: list[float] = []
         self._total = 0.0
         self._diffs: deque[float] = deque(maxlen=cfg.noise_rows)  # |consecutive differences|
-        self._block_sum = 0.0
-        self._block_n = 0
-        self._block_last = _NAN
-        self._block_diffs: deque[float] = deque(maxlen=cfg.noise_blocks)
+        self._vals: deque[float] = deque(maxlen=_REPEAT_ROWS)  # the last rewards, as logged
+        self._blocks = [_BlockNoise(int(b), cfg.noise_blocks) for b in cfg.block_rows]
+        self._peak = -math.inf  # the best mean of a 16-row block so far ...
+        self._peak_blocks = 0  # ... of this many
+        self._peak_sum = 0.0
+        self._peak_n = 0
         self._sd = _NAN  # cached noise sd of a row (NaN: compute again)
         self._base: dict[str, _Baseline] = {k: _Baseline(cfg.baseline_rows) for k in self._SIGNALS}
         self._corro_rows: deque[bool] = deque(maxlen=3)  # rows with a corroborating signal
@@ -240,9 +302,11 @@ class LevelShiftCollapse(Check):
 
     def noise_sd(self) -> float:
         """The sd of one row's reward as estimated from the run: the trimmed sd of consecutive
-        differences (``stats.trimmed_sd``), or the long-run sd from 8-row block means where rows
-        correlate (a rollout batch logged on several rows, a wandering difficulty), the larger;
-        NaN before ``GLR_MIN_REF`` differences."""
+        differences (``stats.trimmed_sd``); where the rows repeat rollout batches, the sd of the
+        differences between batches x sqrt(rows per batch); the long-run sd from 8-row block
+        means (4- or 2-row ones early in the run) where rows correlate (a rollout batch logged on
+        several rows, a wandering difficulty); the largest. NaN before ``GLR_MIN_REF``
+        differences (of batches, when the rows repeat them)."""
         sd = self._sd
         if sd == sd:
             return sd
@@ -250,13 +314,42 @@ class LevelShiftCollapse(Check):
         if len(d) < GLR_MIN_REF:
             return _NAN
         sd = trimmed_sd(d)
-        bd = self._block_diffs
-        if len(bd) >= 8:  # (fewer: a learning rise or the fall itself would be the median)
-            lr = robust_sd(bd) * math.sqrt(self.shift.block_rows)
-            if lr > sd:
-                sd = lr
+        rep = self._repeat_factor()
+        if rep > 1.0:
+            # rows that repeat one rollout batch's value: the noise between batches, and each
+            # batch counts once (sd x sqrt(rows per batch)), until the block means say it
+            nz = [x for x in d if x > 0.0]
+            if len(nz) < GLR_MIN_REF:
+                return _NAN  # (fewer than 8 batches: too few observations to test)
+            sd = max(sd, trimmed_sd(nz) * math.sqrt(rep))
+        for b in reversed(self._blocks):  # the longest blocks that have their 8 differences
+            lr = b.sd()
+            if lr == lr:
+                if lr > sd:
+                    sd = lr
+                break
         self._sd = sd
         return sd
+
+    def _repeat_factor(self) -> float:
+        """Rows per repeated value among the last rows when they look like rollout batches
+        logged on several rows: at least a quarter of the rows repeat the row before, and the
+        repeated values are continuous (nearly every run of equal rows has a value of its own;
+        the few values of a discrete reward, e.g. means of 4 samples, recur across runs and are
+        real observations). 1.0 otherwise."""
+        vals = self._vals
+        n = len(vals)
+        if n < GLR_MIN_REF:
+            return 1.0
+        runs = 1
+        prev = vals[0]
+        for v in itertools.islice(vals, 1, None):
+            if v != prev:
+                runs += 1
+                prev = v
+        if runs > 0.75 * n or len(set(vals)) < 0.8 * runs:
+            return 1.0
+        return n / runs
 
     # --- update -----------------------------------------------------------------------------------
     def update(self, s: Any) -> list[Alert]:
@@ -292,12 +385,16 @@ class LevelShiftCollapse(Check):
         return self._test(s, corro)
 
     def _push_reward(self, rw: float, step: float) -> None:
-        cfg = self.shift
         last = self._last
         if last == last:
             self._diffs.append(abs(rw - last))
+        # the noise is estimated again on every row while the run is young, then every 8 rows
+        # (its windows move by a few percent in 8 rows; the estimate is saved with the state)
+        n = self._rows
+        if n <= _NOISE_EVERY_FROM or not n % 8:
             self._sd = _NAN
         self._last = rw
+        self._vals.append(rw)
         self._total += rw
         cum, steps = self._cum, self._steps
         cum.append(self._total)
@@ -305,16 +402,14 @@ class LevelShiftCollapse(Check):
         if len(steps) > 2 * _BUFFER:  # (trimmed in bulk: O(1) amortized)
             del cum[: len(steps) - _BUFFER]
             del steps[: len(steps) - _BUFFER]
-        self._block_sum += rw
-        self._block_n += 1
-        if self._block_n == cfg.block_rows:
-            m = self._block_sum / cfg.block_rows
-            bl = self._block_last
-            if bl == bl:
-                self._block_diffs.append(abs(m - bl))
-                self._sd = _NAN
-            self._block_last = m
-            self._block_sum, self._block_n = 0.0, 0
+        for b in self._blocks:
+            b.push(rw)
+        self._peak_sum += rw
+        self._peak_n += 1
+        if self._peak_n == _PEAK_ROWS:
+            self._peak = max(self._peak, self._peak_sum / _PEAK_ROWS)
+            self._peak_blocks += 1
+            self._peak_sum, self._peak_n = 0.0, 0
 
     def _rearm(self) -> None:
         """After an alert: re-armed once the mean of the last 3 rows is back above the re-arm
@@ -332,19 +427,23 @@ class LevelShiftCollapse(Check):
         floor + ``floor_frac`` x (held - floor) ("floor"); for a run that learned at least
         ``learned_frac`` of its height from its start, back near the start counts too: start +
         ``start_frac`` x (held - start) ("start_gain"), whichever is higher; a run that learned
-        at least ``below_start_frac`` of it: back at or below its start ("start"). The gain is
-        counted from the start's upper bound (``floor_sd`` standard errors above it)."""
+        at least ``below_start_frac`` of it: back at or below its start ("start"). What the run
+        learned is its peak (the best 16-row block mean, less the expected excess of the best of
+        n: sqrt(2 ln n) standard errors; a slow decline before the fall does not erase it) or
+        the held level, above the start's upper bound (``floor_sd`` standard errors above it)."""
         cfg = self.shift
-        height = max(held - floor, 0.0)
-        line = floor + cfg.floor_frac * height
+        line = floor + cfg.floor_frac * max(held - floor, 0.0)
         start = self.start_level
-        # the gain from a start of a few noisy rows: counted from its upper bound (start +
-        # floor_sd standard errors), so a run that began at its plateau with a low first row or
-        # two is not taken for one that learned
+        peak = held
+        nb = self._peak_blocks
+        if nb >= 2:
+            excess = math.sqrt(2.0 * math.log(nb)) * sd / math.sqrt(_PEAK_ROWS)
+            peak = max(peak, self._peak - excess)
+        height = max(peak - floor, 0.0)
         n = min(self._rows, cfg.start_rows)
-        gain = held - (start + cfg.floor_sd * sd / math.sqrt(n))
+        gain = peak - (start + cfg.floor_sd * sd / math.sqrt(n))
         if gain > 0.0 and gain >= cfg.learned_frac * height:
-            back = start + cfg.start_frac * gain
+            back = start + cfg.start_frac * max(held - start, 0.0)
             if back > line:
                 return back, "start_gain"
         elif gain > 0.0 and gain >= cfg.below_start_frac * height and start > line:
@@ -363,10 +462,11 @@ class LevelShiftCollapse(Check):
         c = self.threshold_corroborated if corro else self.threshold
         top = cum[-1]
         best: tuple[float, int, int, float, float, float, float, str, float, int] | None = None
-        for length in GLR_LENGTHS:
-            r = min(glr_ref_rows(length), avail - length)
-            if r < GLR_MIN_REF:
-                break
+        for length, r in _TESTS:
+            if r > avail - length:
+                r = avail - length
+                if r < GLR_MIN_REF:
+                    break
             mid = cum[-1 - length]
             post = (top - mid) / length
             ref = (mid - cum[-1 - length - r]) / r
@@ -519,9 +619,16 @@ class LevelShiftCollapse(Check):
             "last": _enc(self._last),
             "rewards": [cum[i + 1] - cum[i] for i in range(len(cum) - 1 - n, len(cum) - 1)],
             "steps": list(self._steps),
+            "sd": _enc(self._sd),
             "diffs": list(self._diffs),
-            "block": [self._block_sum, self._block_n, _enc(self._block_last)],
-            "block_diffs": list(self._block_diffs),
+            "vals": list(self._vals),
+            "blocks": [b.state() for b in self._blocks],
+            "peak": [
+                _enc(self._peak) if self._peak_blocks else None,
+                self._peak_blocks,
+                self._peak_sum,
+                self._peak_n,
+            ],
             "base": {k: v.state() for k, v in self._base.items()},
             "corro_rows": list(self._corro_rows),
             "fired": self._fired,
@@ -540,10 +647,14 @@ class LevelShiftCollapse(Check):
             self._cum.append(total)
         self._total = total
         self._steps = [float(v) for v in d["steps"]]
+        self._sd = _dec(d["sd"])
         self._diffs.extend(float(v) for v in d["diffs"])
-        bs, bn, bl = d["block"]
-        self._block_sum, self._block_n, self._block_last = float(bs), int(bn), _dec(bl)
-        self._block_diffs.extend(float(v) for v in d["block_diffs"])
+        self._vals.extend(float(v) for v in d["vals"])
+        for b, st in zip(self._blocks, d["blocks"], strict=True):
+            b.load(st)
+        pk, pb, ps, pn = d["peak"]
+        self._peak = _dec(pk) if pb else -math.inf
+        self._peak_blocks, self._peak_sum, self._peak_n = int(pb), float(ps), int(pn)
         for k, v in d["base"].items():
             self._base[k].load(v)
         self._corro_rows.extend(bool(v) for v in d["corro_rows"])

@@ -271,21 +271,20 @@ def test_standard_generators_label_what_they_draw(kind: str) -> None:
 
 
 def test_no_collapse_before_the_minimum_rows_of_evidence() -> None:
-    """The test needs 8 rows before the change and 2 after it: nothing before row 10, however
-    hard the reward falls; a fall at row 13 is called at row 14 (2 rows since), with or without
-    a dead gradient."""
-    early = _rows(step=list(range(1, 25)), reward_mean=[0.9] * 3 + [0.0] * 21)
-    hits = _feed(LevelShiftCollapse(), early)
-    # (rows 1-8 mean 0.3375: the zeros from row 4 drag the only possible reference down, so the
-    # call waits until 16 rows since row 9 make the difference significant)
-    assert [s for s, _ in hits] == [24]
-    reward = [0.9] * 12 + [0.0] * 12
+    """The test needs 8 rows before the change and 2 after it: a reward alternating 0.85 / 0.95
+    for 12 rows that falls to 0 at row 13 is called at row 14 (2 rows since), with or without a
+    dead gradient. A log of exact repeats with a single change is not tested at all: its rows
+    may be two rollout batches logged 12 times each, two observations, not 24."""
+    reward = [0.85, 0.95] * 6 + [0.0] * 12
     grad = [0.3] * 12 + [0.0] * 12
     for kw in ({}, {"grad_norm": grad}):
         hits = _feed(LevelShiftCollapse(), _rows(step=list(range(1, 25)), reward_mean=reward, **kw))
-        # one change among exact repeats: the noise is min_noise_frac x 0.9; z is huge
         assert [s for s, _ in hits] == [14]
         assert hits[0][1].evidence["change_step"] == 13
+    for first in (3, 12):
+        repeats = [0.9] * first + [0.0] * (24 - first)
+        rows = _rows(step=list(range(1, 25)), reward_mean=repeats)
+        assert _feed(LevelShiftCollapse(), rows) == []
 
 
 def _bernoulli_rows(rng, p, n, samples, scale=1.0):
@@ -347,3 +346,21 @@ def test_a_dense_log_that_starts_at_its_plateau_is_called_within_a_few_rows() ->
     assert 301 <= step <= 305  # within 2% of the run (7.8 rows)
     assert alert.evidence["collapsed_by"] == "floor"
     assert alert.evidence["change_step"] == pytest.approx(301, abs=1)
+
+
+def test_rows_that_repeat_rollout_batches_count_once_a_batch() -> None:
+    """8 rows per rollout batch (TRL steps_per_generation): an early batch at 0.0 among batches
+    at ~0.25 is one low observation, not 8 (no alert); a fall of the batches from ~0.6 to 0.02
+    after 30 of them is a collapse, called within 3 batches of the fall."""
+    rng = np.random.default_rng(8)
+    batches = [0.25, 0.3, 0.0, *(np.linspace(0.3, 0.6, 27) + rng.normal(0, 0.04, 27))]
+    batches += [0.02] * 6
+    reward = list(np.repeat(batches, 8))
+    hits = _feed(
+        LevelShiftCollapse(), _rows(step=list(range(1, len(reward) + 1)), reward_mean=reward)
+    )
+    assert len(hits) == 1
+    step = hits[0][0]
+    assert 30 * 8 < step <= 33 * 8, step
+    # the noise is the batches' (sd ~0.04-0.06 a batch) x sqrt(8 rows a batch), not the rows'
+    assert hits[0][1].evidence["noise_sd"] > 0.08
