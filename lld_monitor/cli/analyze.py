@@ -1,5 +1,5 @@
-"""``lld-monitor analyze PATH [--json] [--html OUT] [--fail-on SEVERITY]``: post-hoc analysis of
-any logged run."""
+"""``lld-monitor analyze PATH [--json] [--run N] [--html OUT] [--fail-on SEVERITY]``: post-hoc
+analysis of any logged run."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ FAIL_ON: tuple[str, ...] = ("warning", "critical")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register PATH, --json, --html and --fail-on."""
+    """Register PATH, --json, --run, --html and --fail-on."""
     parser.add_argument(
         "path",
         help="run folder, CSV/Parquet/JSONL table, trainer_state.json, console or notebook log, "
@@ -27,6 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--json", action="store_true", help="print exactly one JSON object (the analysis)"
+    )
+    parser.add_argument(
+        "--run",
+        metavar="N",
+        default=None,
+        help="a notebook with several training tables (an SFT warm-up, then GRPO): the number "
+        "of the table to read, as the analysis lists them (default: the last with a reward)",
     )
     parser.add_argument(
         "--html", metavar="OUT", help="write a self-contained HTML report (plotly) to OUT"
@@ -49,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         print("lld-monitor analyze: --html needs a file name (got an empty one)", file=sys.stderr)
         return 2
     try:
-        df = load_table(args.path)
+        df = load_table(args.path, run=getattr(args, "run", None))
     except ImportFormatError as exc:
         print(f"lld-monitor analyze: {_one_line(str(exc))}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ import pandas as pd
 from lld_monitor import columns as C
 from lld_monitor.importers.base import (
     _EXPECTED,
+    _NOT_JSON,
     SNIFF_BYTES,
     Format,
     Head,
@@ -27,6 +28,7 @@ from lld_monitor.importers.base import (
     _one_line,
 )
 from lld_monitor.importers.names import FOREIGN_NAMES, _is_training_key, canonical_name
+from lld_monitor.importers.notebook import has_outputs, notebook_tables, pick_table
 from lld_monitor.importers.table import _frame, _skipped_lines_note, canonicalize
 from lld_monitor.importers.text import (
     _ANSI_RE,
@@ -224,9 +226,14 @@ class TrlTrainerState(Format):
 
 class NotebookLog(Format):
     name = "notebook_log"
-    description = "a notebook stream log or .ipynb with TRL's printed metric dicts"
+    description = (
+        "a Jupyter/Colab notebook (.ipynb: its training tables, or TRL's printed metric dicts) "
+        "or a notebook stream log"
+    )
 
     def sniff(self, head: Head) -> bool:
+        if head.path.suffix.lower() == ".ipynb":
+            return True  # (read says what is wrong with one that does not parse)
         if not head.complete:
             text = head.text
             if text[:1] == "{":
@@ -244,8 +251,41 @@ class NotebookLog(Format):
             return _notebook_text(doc)
         return "".join(_stream_text(r) for r in head.doc_records or [])
 
-    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
-        return _read_printed(self.text(_full(path, head)))
+    def read(
+        self, path: Path, head: Head | None = None, run: str | None = None
+    ) -> tuple[pd.DataFrame, str]:
+        """The notebook's training table (``notebook.pick_table``: ``run`` = its number), else
+        the metric dicts TRL printed into its stream output."""
+        full = _full(path, head)
+        doc = full.json_doc
+        if doc is _NOT_JSON and path.suffix.lower() == ".ipynb":
+            raise ImportFormatError(
+                f"{path}: a notebook (.ipynb) that is not valid JSON: cut short or still being "
+                "saved? Save it again (Jupyter: File > Save; Colab: File > Download .ipynb) "
+                "and analyse the new file"
+            )
+        if isinstance(doc, dict) and isinstance(doc.get("cells"), list):
+            if not has_outputs(doc):
+                raise ImportFormatError(
+                    f"{path}: the notebook was saved without outputs, so it holds no training "
+                    "log: re-run it, or save it with outputs (Colab: Edit > Notebook settings, "
+                    "untick 'Omit code cell output'), and analyse it again"
+                )
+            tables = notebook_tables(doc)
+            if tables:
+                table, notes = pick_table(tables, run)
+                frame = table.frame()
+                frame.attrs["import_notes"] = notes
+                frame.attrs["step_note"] = (
+                    f"step from the Step column of the notebook's training table {table.number}"
+                )
+                return frame, "logged"
+        if run is not None:
+            raise ImportFormatError(
+                f"{path}: --run picks one of a notebook's training tables, and this one has "
+                "none (it is read from the metric dicts printed in its output)"
+            )
+        return _read_printed(self.text(full))
 
 
 class VerlJsonl(Format):
@@ -468,10 +508,12 @@ def detect_format(path: str | Path) -> str:
     return fmt.name
 
 
-def load_table(path: str | Path) -> pd.DataFrame:
+def load_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
     """Load a logged run as a numeric DataFrame of canonical columns, sorted by ``step``.
 
-    The one entry point for opening any run, ours or foreign. ``df.attrs``: ``source_format``
+    The one entry point for opening any run, ours or foreign. ``run``: which of several runs a
+    file holds (a notebook's training table, by its number); None: the file's own choice.
+    ``df.attrs``: ``source_format``
     (a ``FORMATS`` key), ``unmapped_columns`` (foreign names not mapped), ``step_source`` (where
     ``step`` came from: ``logged``, ``progress_bar``, ``epoch``, ``logging_steps`` or
     ``row_order``), ``step_note`` (the same as a sentence), ``import_notes`` (cells, lines and
@@ -479,8 +521,16 @@ def load_table(path: str | Path) -> pd.DataFrame:
     """
     path = Path(path)
     fmt, head = detect(path)
+    if run is not None and not isinstance(fmt, NotebookLog):
+        raise ImportFormatError(
+            f"{path}: --run picks one training table of a notebook that holds several; this "
+            f"file is {fmt.description}, one run"
+        )
     try:
-        frame, step_source = fmt.read(path, head)
+        if isinstance(fmt, NotebookLog):
+            frame, step_source = fmt.read(path, head, run=run)
+        else:
+            frame, step_source = fmt.read(path, head)
     except ImportFormatError:
         raise
     except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
