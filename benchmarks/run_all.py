@@ -12,7 +12,15 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("core", "runlog", "analyzer", "monitor", "dashboard")
+BENCHMARKS = (
+    "core",
+    "runlog",
+    "analyzer",
+    "monitor",
+    "dashboard",
+    "collapse_calibration",
+    "triage",
+)
 
 
 def main() -> int:

@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "path",
         help="run folder, CSV/Parquet/JSONL table, trainer_state.json, console or notebook log, "
-        "W&B history CSV, TensorBoard folder, or verl console/file log",
+        "W&B history CSV, TensorBoard folder, or verl console/file log; a folder of runs: one "
+        "line per run, the worst first (triage)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print exactly one JSON object (the analysis)"
@@ -49,12 +50,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load, analyse, print. Exit 0: done; 1: (``--fail-on``) an alert of at least that
-    severity was found; 2: could not analyse (unreadable or unknown file, a table that cannot be
+    """Load, analyse, print (a folder of runs: the triage, one line per run, ``cli/triage.py``).
+    Exit 0: done; 1: (``--fail-on``) an alert of at least that severity was found (in any run
+    of a folder); 2: could not analyse (unreadable or unknown file, a table that cannot be
     analysed, a report that cannot be written, a bad option)."""
     if args.html is not None and not args.html.strip():
         print("lld-monitor analyze: --html needs a file name (got an empty one)", file=sys.stderr)
         return 2
+    from pathlib import Path
+
+    from lld_monitor.cli.triage import is_folder_of_runs, run_triage
+
+    folder = Path(args.path)
+    if is_folder_of_runs(folder):
+        if args.html or getattr(args, "run", None) is not None:
+            print(
+                f"lld-monitor analyze: {folder} is a folder of runs (triage: one line per run); "
+                "--html and --run apply to one run: pass one of them",
+                file=sys.stderr,
+            )
+            return 2
+        return run_triage(folder, as_json=args.json, fail_on=args.fail_on)
     try:
         df = load_table(args.path, run=getattr(args, "run", None))
     except ImportFormatError as exc:

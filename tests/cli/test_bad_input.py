@@ -96,12 +96,14 @@ def test_dashboard_on_an_unreadable_file_exits_2_without_a_server(tmp_path, cont
     assert "http://" not in proc.stdout
 
 
-def test_analyze_a_folder_of_runs_points_at_one_run(tmp_path, capsys):
+def test_analyze_a_folder_of_runs_lists_each_run(tmp_path, capsys):
+    # (it once refused: "a folder of 2 runs, not one run"; now it triages them, cli/triage.py)
     for name in ("a", "b"):
         write_run(make_run("healthy", 60, seed=1), tmp_path / "runs" / name)
-    assert main(["analyze", str(tmp_path / "runs")]) == 2
-    line = _one_line_error(capsys)
-    assert "folder of 2 runs" in line and str(tmp_path / "runs" / "a") in line
+    assert main(["analyze", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{tmp_path / 'runs'}: 2 runs (2 healthy)"
+    assert [line.split()[1] for line in out[2:]] == ["a", "b"]
 
 
 def test_selfcheck_keep_twice_in_one_folder_passes(tmp_path, capsys):

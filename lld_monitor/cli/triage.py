@@ -1,0 +1,240 @@
+"""``lld-monitor analyze DIR`` on a folder of many runs: one line per run, the worst first.
+
+"Which of my 40 runs are in trouble, and since when?" Every run under the folder (our run folders,
+TRL output folders, W&B / TensorBoard / trainer_state / console logs, notebooks, mixed) is loaded
+and analysed on its own; each gets a verdict (``collapsed``: a critical collapse alert or a
+collapse step; ``critical`` / ``warning``: its worst alert; ``healthy``; ``unreadable``: with its
+error, which never stops the rest), its worst alert with the step, its phase at the end, its last
+step and format. Sorted by verdict, then by the step of the worst alert's first sighting (the
+latest first), then by name.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from lld_monitor import columns as C
+
+#: Verdicts, worst first (the sort order of the table).
+VERDICTS: tuple[str, ...] = (
+    "collapsed",
+    "critical",
+    "warning",
+    "healthy",
+    "unreadable",
+    "skipped",
+)
+_NO_ROWS = "found no training rows with a known metric"  # (load_table's message)
+#: Suffixes of loose files taken for runs (listed as unreadable when they do not read).
+LOG_SUFFIXES = frozenset({".json", ".jsonl", ".csv", ".log", ".ipynb", ".parquet", ".out"})
+_NO_ROWS = "found no training rows with a known metric"  # (load_table's message)
+#: Suffixes of loose files taken for runs only when their content is a known log format (a
+#: terminal capture in markdown, a TSV export), so a README or a notes file is not listed.
+MAYBE_LOG_SUFFIXES = frozenset({".md", ".txt", ".tsv"})
+
+
+@dataclass
+class RunVerdict:
+    """One run's line of the triage table."""
+
+    name: str
+    path: str
+    verdict: str
+    format: str | None = None
+    rows: int = 0
+    last_step: int | None = None
+    phase: str | None = None
+    worst: dict[str, Any] | None = None  # {"kind", "severity", "step", "message"}
+    alerts: int = 0
+    error: str | None = None
+    alert_severities: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "path": self.path,
+            "verdict": self.verdict,
+            "format": self.format,
+            "rows": self.rows,
+            "last_step": self.last_step,
+            "phase": self.phase,
+            "worst_alert": self.worst,
+            "alerts": self.alerts,
+            "error": self.error,
+        }
+
+
+def is_folder_of_runs(path: Path) -> bool:
+    """True for a folder that is not itself one run but holds runs (``candidates`` finds one or
+    more): the folder of a night's sweep, of several output folders, of log files."""
+    from lld_monitor.importers.formats import _is_run_dir
+
+    if not path.is_dir() or _is_run_dir(path):
+        return False
+    if any((path / f).is_file() for f in ("trainer_state.json", "meta.json", "steps.jsonl")):
+        return False  # one run (a broken run folder too: its analysis says what is amiss)
+    if any("tfevents" in p.name for p in path.iterdir() if p.is_file()):
+        return False  # TensorBoard events right here: one run
+    return bool(candidates(path))
+
+
+def candidates(root: Path) -> list[Path]:
+    """The runs under ``root``: our run folders (at any depth), and each other entry directly in
+    it that reads as one run (a TRL output folder, a TensorBoard folder, a log file)."""
+    from lld_monitor.importers import ImportFormatError, detect
+    from lld_monitor.runlog import find_runs
+
+    found = {p.resolve(): p for p in find_runs(root)}
+    covered = set(found)
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith(".") or entry.name == "__pycache__":
+            continue
+        if entry.resolve() in covered or any(r.is_relative_to(entry.resolve()) for r in covered):
+            continue
+        suffix = entry.suffix.lower()
+        if entry.is_file() and suffix not in LOG_SUFFIXES:
+            if suffix not in MAYBE_LOG_SUFFIXES:
+                continue
+            try:
+                detect(entry, complete=False)
+            except ImportFormatError:
+                continue
+        if entry.is_dir():
+            try:
+                detect(entry, complete=False)
+            except ImportFormatError:
+                continue  # (a folder with no run in it: not a candidate)
+        found[entry.resolve()] = entry
+    return sorted(found.values())
+
+
+def triage_one(path: Path, root: Path) -> RunVerdict:
+    """Load and analyse one run; never raises (an unreadable run gets its error)."""
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.importers import load_table
+
+    name = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+    try:
+        df = load_table(path)
+        analysis = analyze_run(df)
+    except Exception as exc:  # one bad run never stops the triage: its line says why
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        if path.is_file() and _NO_ROWS in message:
+            # a loose file that reads but logs no training metric (a config, a timing file)
+            return RunVerdict(name, str(path), "skipped", error=message)
+        return RunVerdict(name, str(path), "unreadable", error=message)
+    alerts = list(analysis.alerts)
+    rank = {s: i for i, s in enumerate(C.SEVERITIES)}
+    severe = [a for a in alerts if a.severity in ("warning", "critical")]
+    worst = None
+    if severe:
+        top = max(rank[a.severity] for a in severe)
+        first = next(a for a in severe if rank[a.severity] == top)
+        worst = {
+            "kind": first.kind,
+            "severity": first.severity,
+            "step": int(first.step),
+            "message": first.message,
+        }
+    collapsed = analysis.collapse_step is not None or any(
+        a.kind == "collapse" and a.severity == "critical" for a in alerts
+    )
+    verdict = "collapsed" if collapsed else (worst["severity"] if worst is not None else "healthy")
+    phases = list(analysis.phases)
+    return RunVerdict(
+        name,
+        str(path),
+        verdict,
+        format=df.attrs.get("source_format"),
+        rows=len(df),
+        last_step=int(df[C.STEP].iloc[-1]) if len(df) else None,
+        phase=phases[-1].phase if phases else None,
+        worst=worst,
+        alerts=len(alerts),
+        alert_severities=[a.severity for a in alerts],
+    )
+
+
+def sort_key(v: RunVerdict) -> tuple[int, int, str]:
+    step = v.worst["step"] if v.worst else -1
+    return (VERDICTS.index(v.verdict), -step, v.name)
+
+
+def triage(root: Path, *, progress: TextIO | None = None) -> list[RunVerdict]:
+    """Every run under ``root``, analysed and sorted worst first (loose files that read but log
+    no training metric, a config or a timing file, come last as ``skipped``). ``progress``: a
+    stream that gets a progress line once the triage has taken more than a second."""
+    runs = candidates(root)
+    out: list[RunVerdict] = []
+    t0 = time.monotonic()
+    tty = progress is not None and progress.isatty()
+    shown = False
+    for i, path in enumerate(runs, start=1):
+        out.append(triage_one(path, root))
+        if progress is not None and time.monotonic() - t0 > 1.0:
+            end = "\r" if tty and i < len(runs) else "\n"
+            if tty or i == len(runs) or not shown:
+                progress.write(f"triage: {i}/{len(runs)} runs analysed{end}")
+                progress.flush()
+                shown = True
+    return sorted(out, key=sort_key)
+
+
+def table_text(root: Path, verdicts: Sequence[RunVerdict]) -> str:
+    """The triage as text: a count line, one line per run, then the skipped files."""
+    runs = [v for v in verdicts if v.verdict != "skipped"]
+    counts = {k: sum(v.verdict == k for v in runs) for k in VERDICTS}
+    head = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+    lines = [f"{root}: {len(runs)} runs ({head or 'none'})"]
+    width = max((len(v.name) for v in runs), default=4)
+    lines.append(
+        f"  {'verdict':<10} {'run':<{width}}  {'worst alert':<28} {'phase':<11} "
+        f"{'last step':>9}  format"
+    )
+    for v in runs:
+        if v.verdict == "unreadable":
+            lines.append(f"  {v.verdict:<10} {v.name:<{width}}  {v.error}")
+            continue
+        worst = f"{v.worst['kind']} at step {v.worst['step']}" if v.worst else "-"
+        last = "-" if v.last_step is None else str(v.last_step)
+        lines.append(
+            f"  {v.verdict:<10} {v.name:<{width}}  {worst:<28} {v.phase or '-':<11} "
+            f"{last:>9}  {v.format}"
+        )
+    skipped = [v.name for v in verdicts if v.verdict == "skipped"]
+    if skipped:
+        lines.append(f"  skipped (they read, but log no training metric): {', '.join(skipped)}")
+    return "\n".join(lines)
+
+
+def run_triage(path: Path, *, as_json: bool, fail_on: str | None) -> int:
+    """Print the triage of a folder of runs. Exit 0; 1 with ``fail_on`` when some run has an
+    alert of at least that severity."""
+    import json
+
+    verdicts = triage(path, progress=sys.stderr if not os.environ.get("LLD_NO_PROGRESS") else None)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "folder": str(path),
+                    "runs": [v.to_dict() for v in verdicts if v.verdict != "skipped"],
+                    "skipped": [v.name for v in verdicts if v.verdict == "skipped"],
+                    "counts": {k: sum(v.verdict == k for v in verdicts) for k in VERDICTS[:-1]},
+                }
+            )
+        )
+    else:
+        print(table_text(path, verdicts))
+    if fail_on is not None:
+        rank = {s: i for i, s in enumerate(C.SEVERITIES)}
+        least = rank[fail_on]
+        if any(rank.get(s, -1) >= least for v in verdicts for s in v.alert_severities):
+            return 1
+    return 0
