@@ -59,14 +59,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from pathlib import Path
 
-    from lld_monitor.cli.triage import is_folder_of_runs, run_triage
+    from lld_monitor.cli.triage import is_collection_of_runs, run_triage
 
     folder = Path(args.path)
-    if is_folder_of_runs(folder):
-        if args.html or getattr(args, "run", None) is not None:
+    if getattr(args, "run", None) is None and is_collection_of_runs(folder):
+        if args.html:
             print(
-                f"lld-monitor analyze: {folder} is a folder of runs (triage: one line per run); "
-                "--html and --run apply to one run: pass one of them",
+                f"lld-monitor analyze: {folder} holds several runs (triage: one line per run); "
+                "--html applies to one run: pass one of them (or --run NAME)",
                 file=sys.stderr,
             )
             return 2

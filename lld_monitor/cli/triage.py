@@ -30,13 +30,18 @@ VERDICTS: tuple[str, ...] = (
     "unreadable",
     "skipped",
 )
+#: Entries that are never runs: caches, and W&B's own debug logs beside its run folders.
+_NOT_RUNS = frozenset({"__pycache__", "debug.log", "debug-internal.log", "debug-core.log"})
 _NO_ROWS = "found no training rows with a known metric"  # (load_table's message)
 #: Suffixes of loose files taken for runs (listed as unreadable when they do not read).
-LOG_SUFFIXES = frozenset({".json", ".jsonl", ".csv", ".log", ".ipynb", ".parquet", ".out"})
+LOG_SUFFIXES = frozenset({".json", ".jsonl", ".csv", ".ipynb", ".parquet", ".wandb"})
+#: Entries that are never runs: caches, and W&B's own debug logs beside its run folders.
+_NOT_RUNS = frozenset({"__pycache__", "debug.log", "debug-internal.log", "debug-core.log"})
 _NO_ROWS = "found no training rows with a known metric"  # (load_table's message)
 #: Suffixes of loose files taken for runs only when their content is a known log format (a
-#: terminal capture in markdown, a TSV export), so a README or a notes file is not listed.
-MAYBE_LOG_SUFFIXES = frozenset({".md", ".txt", ".tsv"})
+#: console log, a terminal capture in markdown, a TSV export), so a README, a notes file or a
+#: library's debug log is not listed.
+MAYBE_LOG_SUFFIXES = frozenset({".log", ".out", ".md", ".txt", ".tsv"})
 
 
 @dataclass
@@ -70,12 +75,22 @@ class RunVerdict:
         }
 
 
+def is_collection_of_runs(path: Path) -> bool:
+    """A folder of runs, or one file that holds several runs (a W&B panel export)."""
+    if path.is_file():
+        from lld_monitor.importers.formats import runs_in_file
+
+        return len(runs_in_file(path)) > 1
+    return is_folder_of_runs(path)
+
+
 def is_folder_of_runs(path: Path) -> bool:
     """True for a folder that is not itself one run but holds runs (``candidates`` finds one or
     more): the folder of a night's sweep, of several output folders, of log files."""
     from lld_monitor.importers.formats import _is_run_dir
+    from lld_monitor.importers.wandb_run import is_wandb_run_dir
 
-    if not path.is_dir() or _is_run_dir(path):
+    if not path.is_dir() or _is_run_dir(path) or is_wandb_run_dir(path):
         return False
     if any((path / f).is_file() for f in ("trainer_state.json", "meta.json", "steps.jsonl")):
         return False  # one run (a broken run folder too: its analysis says what is amiss)
@@ -93,7 +108,7 @@ def candidates(root: Path) -> list[Path]:
     found = {p.resolve(): p for p in find_runs(root)}
     covered = set(found)
     for entry in sorted(root.iterdir()):
-        if entry.name.startswith(".") or entry.name == "__pycache__":
+        if entry.name.startswith(".") or entry.name in _NOT_RUNS:
             continue
         if entry.resolve() in covered or any(r.is_relative_to(entry.resolve()) for r in covered):
             continue
@@ -114,14 +129,17 @@ def candidates(root: Path) -> list[Path]:
     return sorted(found.values())
 
 
-def triage_one(path: Path, root: Path) -> RunVerdict:
-    """Load and analyse one run; never raises (an unreadable run gets its error)."""
+def triage_one(path: Path, root: Path, run: str | None = None) -> RunVerdict:
+    """Load and analyse one run (``run``: one of the runs a file holds); never raises (an
+    unreadable run gets its error)."""
     from lld_monitor.analysis import analyze_run
     from lld_monitor.importers import load_table
 
-    name = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+    name = str(path.relative_to(root)) if path.is_relative_to(root) else path.name
+    if run is not None:
+        name = f"{name} [{run}]"
     try:
-        df = load_table(path)
+        df = load_table(path, run=run)
         analysis = analyze_run(df)
     except Exception as exc:  # one bad run never stops the triage: its line says why
         message = " ".join(str(exc).split()) or type(exc).__name__
@@ -167,16 +185,27 @@ def sort_key(v: RunVerdict) -> tuple[int, int, str]:
 
 
 def triage(root: Path, *, progress: TextIO | None = None) -> list[RunVerdict]:
-    """Every run under ``root``, analysed and sorted worst first (loose files that read but log
+    """Every run under ``root`` (a folder, or a file that holds several runs: a W&B export of
+    several runs), analysed and sorted worst first (loose files that read but log
     no training metric, a config or a timing file, come last as ``skipped``). ``progress``: a
     stream that gets a progress line once the triage has taken more than a second."""
-    runs = candidates(root)
+    from lld_monitor.importers.formats import runs_in_file
+
+    entries: list[tuple[Path, str | None]] = []
+    for path in candidates(root) if root.is_dir() else [root]:
+        inner = runs_in_file(path) if path.is_file() else []
+        if inner:
+            entries.extend((path, r) for r in inner)
+        else:
+            entries.append((path, None))
+    base = root if root.is_dir() else root.parent
     out: list[RunVerdict] = []
     t0 = time.monotonic()
     tty = progress is not None and progress.isatty()
     shown = False
-    for i, path in enumerate(runs, start=1):
-        out.append(triage_one(path, root))
+    runs = entries
+    for i, (path, run) in enumerate(runs, start=1):
+        out.append(triage_one(path, base, run))
         if progress is not None and time.monotonic() - t0 > 1.0:
             end = "\r" if tty and i < len(runs) else "\n"
             if tty or i == len(runs) or not shown:

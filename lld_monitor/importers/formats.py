@@ -39,6 +39,13 @@ from lld_monitor.importers.text import (
     console_steps,
     parse_verl_console,
 )
+from lld_monitor.importers.wandb_run import IDENT as WANDB_IDENT
+from lld_monitor.importers.wandb_run import (
+    is_wandb_run_dir,
+    read_wandb_history,
+    summary_row,
+    wandb_file_of,
+)
 
 _TB_NAME = "tfevents"
 
@@ -288,6 +295,66 @@ class NotebookLog(Format):
         return _read_printed(self.text(full))
 
 
+class WandbRun(Format):
+    name = "wandb_run"
+    description = (
+        "a W&B run folder (wandb/run-*, offline-run-*, latest-run: the history in its "
+        "run-*.wandb file) or a .wandb file"
+    )
+
+    def sniff(self, head: Head) -> bool:
+        return head.magic == WANDB_IDENT
+
+    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+        """The history of the run's ``.wandb`` file; without one, ``files/output.log`` (the
+        console), then ``files/wandb-summary.json`` (one row); the notes say which."""
+        folder = path if path.is_dir() else path.parent
+        source = path if path.is_file() else wandb_file_of(path)
+        extras = [
+            f"files/{name}"
+            for name in ("output.log", "wandb-summary.json")
+            if path.is_dir() and (folder / "files" / name).is_file()
+        ]
+        also = f"; also there: {', '.join(extras)}" if extras else ""
+        notes: list[str] = []
+        if source is not None:
+            rows, notes = read_wandb_history(source)
+            if rows:
+                frame = _frame(rows)
+                frame.attrs["import_notes"] = [
+                    f"read the W&B history from {source.name} ({len(rows)} rows){also}",
+                    *notes,
+                ]
+                return frame, _step_source(frame)
+            notes = [f"{source.name} holds no history rows", *notes]
+        console = folder / "files" / "output.log"
+        if path.is_dir() and console.is_file():
+            try:
+                fmt, chead = detect(console)
+                frame, step_source = fmt.read(console, chead)
+            except ImportFormatError as exc:
+                notes.append(f"files/output.log: {_one_line(exc)}")
+            else:
+                why = "; ".join(notes) if notes else "no run-*.wandb file"
+                frame.attrs["import_notes"] = [
+                    f"read the console log files/output.log ({fmt.description}): {why}",
+                    *frame.attrs.get("import_notes", []),
+                ]
+                return frame, step_source
+        summary = folder / "files" / "wandb-summary.json"
+        if path.is_dir() and summary.is_file():
+            frame = _frame([summary_row(summary)])
+            frame.attrs["import_notes"] = [
+                "read only files/wandb-summary.json (the run's last values, one row): "
+                + ("; ".join(notes) if notes else "no run-*.wandb file and no console metrics")
+            ]
+            return frame, "row_order"
+        raise ImportFormatError(
+            f"{path}: a W&B run folder with no history to read ({'; '.join(notes) or 'no '}"
+            "run-*.wandb file, no files/output.log with metrics, no files/wandb-summary.json)"
+        )
+
+
 class VerlJsonl(Format):
     name = "verl_jsonl"
     description = 'a verl file-logger JSONL ({"step": ..., "data": {...}} per line)'
@@ -367,21 +434,70 @@ class WandbCsv(Format):
         fields = _csv_fields(head)
         return fields is not None and _csv_kind(fields) == self.name
 
-    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
-        """W&B history export; a panel export ("Step", "<run> - <metric>", "__MIN/__MAX") too."""
+    def read(
+        self, path: Path, head: Head | None = None, run: str | None = None
+    ) -> tuple[pd.DataFrame, str]:
+        """W&B history export; a panel export ("Step", "<run> - <metric>", "__MIN/__MAX") too.
+        A panel export of several runs: ``run`` (a run's name), else the first, with a note
+        naming the others; never a merge."""
         table = _csv_table(_full(path, head))
         if table is None:
             raise ImportFormatError(f"{path}: not a CSV table with a known metric")
+        names = panel_runs(table.columns)
+        notes: list[str] = []
+        chosen = None
+        if run is not None:
+            if run not in names:
+                listed = ", ".join(names) if names else "none (one run, no '<run> - ' columns)"
+                raise ImportFormatError(f"{path}: --run {run!r}: the export's runs are {listed}")
+            chosen = run
+        elif len(names) > 1:
+            chosen = names[0]
+            notes.append(
+                f"a W&B export of {len(names)} runs: read {chosen!r}; also there: "
+                f"{', '.join(names[1:])} (pick one with --run NAME; analysing the file lists them)"
+            )
         renamed = {}
         for col in table.columns:
             name = str(col)
             if name.endswith(("__MIN", "__MAX")):
                 continue
             if " - " in name:
-                name = name.split(" - ", 1)[1]
+                owner, name = name.split(" - ", 1)
+                if chosen is not None and owner != chosen:
+                    continue
             renamed[col] = name
         table = table[list(renamed)].rename(columns=renamed)
-        return table.loc[:, ~table.columns.duplicated()], "logged"
+        frame = table.loc[:, ~table.columns.duplicated()]
+        if run is not None:
+            notes.append(f"read run {run!r} of the W&B export's {len(names)}: as asked")
+        frame.attrs["import_notes"] = notes
+        return frame, "logged"
+
+
+def panel_runs(columns: Any) -> list[str]:
+    """The run names of a W&B panel export's ``<run> - <metric>`` columns, in column order."""
+    names: list[str] = []
+    for col in columns:
+        name = str(col)
+        if " - " in name and not name.endswith(("__MIN", "__MAX")):
+            owner = name.split(" - ", 1)[0]
+            if owner not in names:
+                names.append(owner)
+    return names
+
+
+def runs_in_file(path: Path) -> list[str]:
+    """The runs a single file holds when it holds several (a W&B panel export), else []."""
+    try:
+        fmt, head = detect(path)
+    except ImportFormatError:
+        return []
+    if not isinstance(fmt, WandbCsv) or head is None:
+        return []
+    table = _csv_table(_full(path, head))
+    names = panel_runs(table.columns) if table is not None else []
+    return names if len(names) > 1 else []
 
 
 class Csv(Format):
@@ -404,6 +520,7 @@ REGISTRY: tuple[Format, ...] = (
     LldRun(),
     TensorBoard(),
     Parquet(),
+    WandbRun(),
     TrlTrainerState(),
     LogHistory(),
     NotebookLog(),
@@ -418,6 +535,7 @@ _BY_NAME: dict[str, Format] = {f.name: f for f in REGISTRY}
 #: The order ``detect`` sniffs a file in (the first format that says yes reads it): the binary
 #: formats, the JSON ones (most specific first), CSV, the console logs last.
 _SNIFF_ORDER: tuple[str, ...] = (
+    "wandb_run",
     "tensorboard",
     "parquet",
     "trl_trainer_state",
@@ -467,6 +585,8 @@ def detect(path: Path, *, complete: bool = True) -> tuple[Format, Head | None]:
 def _detect_folder(path: Path) -> tuple[Format, Head | None]:
     if _is_run_dir(path):
         return _BY_NAME["lld_run"], None
+    if is_wandb_run_dir(path):
+        return _BY_NAME["wandb_run"], None
     if any(_TB_NAME in p.name for p in path.rglob("*") if p.is_file()):
         return _BY_NAME["tensorboard"], None
     state = path / "trainer_state.json"
@@ -521,13 +641,13 @@ def load_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
     """
     path = Path(path)
     fmt, head = detect(path)
-    if run is not None and not isinstance(fmt, NotebookLog):
+    if run is not None and not isinstance(fmt, (NotebookLog, WandbCsv)):
         raise ImportFormatError(
-            f"{path}: --run picks one training table of a notebook that holds several; this "
-            f"file is {fmt.description}, one run"
+            f"{path}: --run picks one training table of a notebook, or one run of a W&B "
+            f"export, that holds several; this file is {fmt.description}, one run"
         )
     try:
-        if isinstance(fmt, NotebookLog):
+        if isinstance(fmt, (NotebookLog, WandbCsv)):
             frame, step_source = fmt.read(path, head, run=run)
         else:
             frame, step_source = fmt.read(path, head)

@@ -95,4 +95,25 @@ def test_triage_command_text_json_and_fail_on(sweep: Path, capsys) -> None:
     assert cli_main(["analyze", str(sweep / "toy-off"), "--fail-on", "critical"]) == 0
     capsys.readouterr()
     assert cli_main(["analyze", str(sweep), "--html", "x.html"]) == 2
-    assert "folder of runs" in capsys.readouterr().err
+    assert "holds several runs" in capsys.readouterr().err
+
+
+def test_a_wandb_export_of_two_runs_is_two_named_runs(tmp_path, capsys) -> None:
+    """A W&B panel export holding run-a and run-b: analysed as two runs, never merged; --run
+    picks one; a name that is not there is refused with the list."""
+    path = tmp_path / "panel.csv"
+    rows = ["Step,run-a - train/reward,run-a - train/reward__MIN,run-b - train/reward"]
+    rows += [f"{s},{0.5 + 0.001 * s},{0.4},{0.1 + 0.002 * s}" for s in range(1, 61)]
+    path.write_text("\n".join(rows) + "\n")
+    assert cli_main(["analyze", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert sorted(r["name"] for r in doc["runs"]) == ["panel.csv [run-a]", "panel.csv [run-b]"]
+    from lld_monitor.importers import ImportFormatError, load_table
+
+    b = load_table(path, run="run-b")
+    assert list(b[C.REWARD_MEAN]) == pytest.approx([0.1 + 0.002 * s for s in range(1, 61)])
+    first = load_table(path)
+    assert list(first[C.REWARD_MEAN]) == pytest.approx([0.5 + 0.001 * s for s in range(1, 61)])
+    assert "also there: run-b" in first.attrs["import_notes"][0]
+    with pytest.raises(ImportFormatError, match="run-a, run-b"):
+        load_table(path, run="zz")
