@@ -56,7 +56,6 @@ class RunVerdict:
     last_step: int | None = None
     phase: str | None = None
     worst: dict[str, Any] | None = None  # {"kind", "severity", "step", "message"}
-    alerts: int = 0
     error: str | None = None
     alert_severities: list[str] = field(default_factory=list)
 
@@ -70,7 +69,7 @@ class RunVerdict:
             "last_step": self.last_step,
             "phase": self.phase,
             "worst_alert": self.worst,
-            "alerts": self.alerts,
+            "alerts": len(self.alert_severities),
             "error": self.error,
         }
 
@@ -174,7 +173,6 @@ def triage_one(path: Path, root: Path, run: str | None = None) -> RunVerdict:
         last_step=int(df[C.STEP].iloc[-1]) if len(df) else None,
         phase=phases[-1].phase if phases else None,
         worst=worst,
-        alerts=len(alerts),
         alert_severities=[a.severity for a in alerts],
     )
 

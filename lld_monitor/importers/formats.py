@@ -488,15 +488,15 @@ def panel_runs(columns: Any) -> list[str]:
 
 
 def runs_in_file(path: Path) -> list[str]:
-    """The runs a single file holds when it holds several (a W&B panel export), else []."""
+    """The runs a single file holds when it holds several (a W&B panel export), else []: from
+    the header line alone (the file is read whole only once, by ``load_table``)."""
     try:
-        fmt, head = detect(path)
+        fmt, head = detect(path, complete=False)
     except ImportFormatError:
         return []
     if not isinstance(fmt, WandbCsv) or head is None:
         return []
-    table = _csv_table(_full(path, head))
-    names = panel_runs(table.columns) if table is not None else []
+    names = panel_runs(_csv_header(head.first_line) or [])
     return names if len(names) > 1 else []
 
 
