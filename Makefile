@@ -5,6 +5,8 @@ PY     := $(VENV)/bin/python
 #   make TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" ...
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
+# The versions that reproduce the demo and sample_runs/ step for step (see constraints.txt)
+CONSTRAINTS ?= constraints.txt
 
 # verl 0.9.1 pins transformers<5.11 (and downgrades three more packages), so its tests run in a
 # second environment, .venv-verl, beside the main one (see docs/verl.md).
@@ -12,13 +14,13 @@ VERL_VENV ?= .venv-verl
 VERL_PY   := $(VERL_VENV)/bin/python
 VERL_STAMP := $(VERL_VENV)/.installed
 
-.PHONY: venv verl-venv demo test test-core test-verl lint bench browser
+.PHONY: venv verl-venv demo test test-core test-verl lint bench browser constraints
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[test]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -34,6 +36,12 @@ $(VERL_STAMP): pyproject.toml
 	touch $(VERL_STAMP)
 
 verl-venv: $(VERL_STAMP)
+
+# After an upgrade of the main environment: write its versions (torch and lld_monitor aside) as
+# the new constraints, then regenerate sample_runs/ (see sample_runs/README.md)
+constraints: venv
+	{ sed -n '/^#/p' $(CONSTRAINTS); $(PY) -m pip freeze --exclude-editable | \
+	  grep -viE '^(torch|lld.monitor)=='; } > $(CONSTRAINTS).new && mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 demo: venv
 	HF_HUB_OFFLINE=1 $(VENV)/bin/lld-monitor demo

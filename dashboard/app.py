@@ -110,7 +110,10 @@ def select_runs(scope: sources.Scope) -> list[sources.Target]:
     kept = st.session_state.get(f"{key}:kept")
     if kept is None:
         from_query = [n for n in dict.fromkeys(requested_names) if n in by_name]
-        first = [t.name for t in scope.targets if t.kind == "run"][:1] or names[:1]
+        if scope.root_mode:  # a folder of runs: its first run
+            first = [t.name for t in scope.targets if t.kind == "run"][:1] or names[:1]
+        else:  # runs named on the command line (the demo's two arms): all of them, overlaid
+            first = [t.name for t in scope.targets]
         kept = from_query or first
         st.session_state[f"{key}:kept"] = kept
     _restore(key, [n for n in kept if n in by_name])

@@ -36,6 +36,7 @@ MARK_START, MARK_END = "<!-- table:start -->", "<!-- table:end -->"
 SPIRAL_START, SPIRAL_END = "<!-- spiral:start -->", "<!-- spiral:end -->"
 PROV_START, PROV_END = "<!-- provenance:start -->", "<!-- provenance:end -->"
 AUTO_START, AUTO_END = "<!-- auto:start -->", "<!-- auto:end -->"
+DEMO_START, DEMO_END = "<!-- demo:start -->", "<!-- demo:end -->"
 #: The automatic-LLDS check of issue 10: preset -> GRPO updates (the demo's defaults otherwise).
 AUTO_PRESETS = {"s1-small-32upd-lr3e-3": 400, "default": 400}
 #: The paper's Qwen2.5-3B-Instruct timeline (PAPER.md): stagnation to ~60, decay to ~120,
@@ -53,6 +54,10 @@ def versions() -> dict[str, str]:
             out[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             out[pkg] = "not installed"
+    import torch
+
+    # float results (and so the trajectories) can differ between CPU instruction sets
+    out["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     return out
 
 
@@ -367,6 +372,42 @@ def auto_rows(out: Path, entries: list[dict[str, Any]]) -> list[str]:
     return rows
 
 
+def demo_rows(out: Path, entries: list[dict[str, Any]]) -> list[str]:
+    """The demo preset's seeds as the demo compares them (``lld_monitor.toy.compare``), and the
+    seed the demo's rule picks: the first whose LLDS-off run collapsed."""
+    from lld_monitor.cli.demo import DEMO_PRESET, DEMO_SEED_CANDIDATES
+    from lld_monitor.toy.compare import COLLAPSED_ACCURACY, read_arm
+
+    by = {(e["seed"], e["llds_mode"]): e for e in entries if e["preset"] == DEMO_PRESET}
+    rows = [
+        "| seed | LLDS off: reward fell at | first alert, off run | automatic LLDS on at "
+        "| final acc off -> auto | off run collapsed (< 0.05) |",
+        "|---|---|---|---|---|---|",
+    ]
+    picked = None
+    for seed in DEMO_SEED_CANDIDATES:
+        if (seed, "off") not in by or (seed, "auto") not in by:
+            rows.append(f"| {seed} | (not run) | | | | |")
+            continue
+        off = read_arm(out / by[(seed, "off")]["path"])
+        auto = read_arm(out / by[(seed, "auto")]["path"])
+        first = f"{off.alerts[0][0]} {off.alerts[0][1]}" if off.alerts else "none"
+        collapsed = off.final_accuracy < COLLAPSED_ACCURACY
+        if collapsed and picked is None:
+            picked = seed
+        rows.append(
+            f"| {seed} | {off.fell_at if off.fell_at is not None else 'did not fall'} | {first} "
+            f"| {auto.llds_on_at if auto.llds_on_at is not None else 'never'} "
+            f"| {off.final_accuracy:.2f} -> {auto.final_accuracy:.2f} "
+            f"| {'yes' if collapsed else 'no'} |"
+        )
+    rows += [
+        "",
+        f"The demo's seed by this rule: **{picked}** (`DEMO_SEED` in lld_monitor/cli/demo.py).",
+    ]
+    return rows
+
+
 def spiral_rows(out: Path, entries: list[dict[str, Any]]) -> list[str]:
     """Per spiral run: reward, entropy, grad norm and LLD signals, early vs late."""
     from lld_monitor import columns as C
@@ -547,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
         write_block(out, auto_rows(out, manifest["auto"]), AUTO_START, AUTO_END)
+        write_block(out, demo_rows(out, manifest["auto"]), DEMO_START, DEMO_END)
         write_block(out, provenance_rows(manifest), PROV_START, PROV_END)
         print(f"wrote {out / 'README.md'} automatic-LLDS table ({len(manifest['auto'])} runs)")
         return 0

@@ -343,6 +343,22 @@ def test_two_runs_overlaid_with_a_legend_each(
     assert any("Select one or more runs" in i.value for i in at.info)
 
 
+def test_runs_named_on_the_command_line_are_all_shown_overlaid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lld-monitor dashboard OFF AUTO`` (the demo's printed command) overlays both runs; a
+    folder of runs still opens on its first run."""
+    write_run(tmp_path / "off", 20)
+    write_run(tmp_path / "auto", 25)
+    at = make_app(monkeypatch, tmp_path / "off", tmp_path / "auto").run()
+    assert not at.exception
+    assert at.multiselect[0].value == ["off", "auto"]
+    groups = {d.get("legendgroup") for d in chart_spec(at)["data"]}
+    assert {"off", "auto"} <= groups
+    at = make_app(monkeypatch, tmp_path).run()
+    assert len(at.multiselect[0].value) == 1
+
+
 # --- helpers --------------------------------------------------------------------------------------
 
 

@@ -391,9 +391,32 @@ def test_demo_command_trains_writes_a_run_and_prints_the_dashboard_command(tmp_p
     assert main(["demo", "--steps", "8", "--out", str(out), "--quiet"]) == 1
 
 
+def test_demo_without_llds_trains_both_arms_side_by_side_and_compares_them(tmp_path, capsys):
+    from lld_monitor.cli import main
+    from lld_monitor.runlog import load_run
+
+    out = tmp_path / "cmp"
+    argv = ["demo", "--steps", "6", "--seed", "1", "--sft-steps", "20", "--out", str(out)]
+    assert main([*argv, "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "preset s1-small-32upd-lr3e-3" in text and "seed 1 (chosen with --seed)" in text
+    assert "LLDS off\n  reward fell:" in text and "automatic LLDS\n  reward fell:" in text
+    assert "sampled accuracy:" in text and text.count("verdict:") == 1
+    assert f"lld-monitor dashboard {out / 'off'} {out / 'auto'}" in text
+    for arm in ("off", "auto"):
+        run = load_run(out / arm)
+        assert run.steps[C.STEP].tolist() == list(range(1, 7))
+        assert run.meta["llds_mode"] == arm
+        assert "--preset s1-small-32upd-lr3e-3" in run.meta["command"]
+        assert (out / arm / "demo_output.txt").read_text().count("analysis (") == 1
+    # the same folder again: refused, nothing overwritten
+    assert main([*argv, "--quiet"]) == 1
+
+
 def test_demo_default_out_is_numbered_when_taken(tmp_path):
     from lld_monitor.cli.demo import default_out
 
+    assert default_out(None, 3, tmp_path) == tmp_path / "demo-seed3"
     first = default_out("auto", 0, tmp_path)
     assert first == tmp_path / "demo-auto-seed0"
     first.mkdir()
