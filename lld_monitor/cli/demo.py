@@ -294,7 +294,9 @@ def run_comparison(args: argparse.Namespace) -> int:
         f"\nboth arms trained in {time.time() - t0:.0f} s (reward: the mean of each rollout "
         f"batch of {off.batch} updates; 'fell' = below {_share_text()} of the first batch's)\n"
         + comparison_text(off, auto)
-        + f"\n\nEach run's analysis: {_own_command()} analyze {quoted}"
+        + f"\n\nBoth runs, one line each: {_own_command()} analyze {shlex.quote(str(out))}"
+        + f"\nOne run in full:          {_own_command()} analyze "
+        + shlex.quote(str(arm_dirs["off"]))
         + f"\nOpen the dashboard on both runs (overlaid):\n  {_own_command()} dashboard {quoted}"
     )
     return 0

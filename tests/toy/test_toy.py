@@ -403,6 +403,7 @@ def test_demo_without_llds_trains_both_arms_side_by_side_and_compares_them(tmp_p
     assert "LLDS off\n  reward fell:" in text and "automatic LLDS\n  reward fell:" in text
     assert "sampled accuracy:" in text and text.count("verdict:") == 1
     assert f"lld-monitor dashboard {out / 'off'} {out / 'auto'}" in text
+    assert f"lld-monitor analyze {out}\n" in text
     for arm in ("off", "auto"):
         run = load_run(out / arm)
         assert run.steps[C.STEP].tolist() == list(range(1, 7))
