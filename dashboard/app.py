@@ -106,20 +106,26 @@ def select_runs(scope: sources.Scope) -> list[sources.Target]:
             names.append(target.name)
         requested_names.append(target.name)
     by_name = {t.name: t for t in (*scope.targets, *extra)}
+    # each run's triage verdict (lld-monitor analyze DIR), its badge, and the worst first
+    verdicts = {n: sources.run_verdict(t) for n, t in by_name.items()}
+    names = sources.verdict_order(names, verdicts)
     key = "lld_runs"
     kept = st.session_state.get(f"{key}:kept")
     if kept is None:
         from_query = [n for n in dict.fromkeys(requested_names) if n in by_name]
-        if scope.root_mode:  # a folder of runs: its first run
-            first = [t.name for t in scope.targets if t.kind == "run"][:1] or names[:1]
+        if scope.root_mode:  # a folder of runs: the first run in the picker's order (the worst)
+            runs = {t.name for t in scope.targets if t.kind == "run"}
+            first = [n for n in names if n in runs][:1] or names[:1]
         else:  # runs named on the command line (the demo's two arms): all of them, overlaid
             first = [t.name for t in scope.targets]
         kept = from_query or first
         st.session_state[f"{key}:kept"] = kept
     _restore(key, [n for n in kept if n in by_name])
     chosen = st.multiselect(
-        "Runs (overlaid, one colour per run)",
+        "Runs (overlaid, one colour per run; worst first: 🔴 collapsed, 🟠 critical, "
+        "🟡 warning, 🟢 healthy, ⚪ unreadable)",
         options=names,
+        format_func=lambda n: sources.picker_label(n, verdicts[n]),
         key=key,
         on_change=_keep,
         args=(key,),

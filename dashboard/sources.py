@@ -603,6 +603,60 @@ def _analysis_executor() -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lld-analysis")
 
 
+# --- the run picker's verdicts ------------------------------------------------------------------
+
+#: The run picker's badge per triage verdict (``lld-monitor analyze DIR``), worst first.
+VERDICT_BADGE: dict[str, str] = {
+    "collapsed": "🔴",
+    "critical": "🟠",
+    "warning": "🟡",
+    "healthy": "🟢",
+    "unreadable": "⚪",
+    "skipped": "⚪",
+}
+#: A run whose files changed keeps its verdict this long before it is analysed again (a live
+#: run grows every few seconds; its header and charts have their own, newer analysis).
+VERDICT_REFRESH_S = 30.0
+_VERDICTS: dict[str, tuple[tuple[float, int], float, Any]] = {}  # path -> (stat, time, verdict)
+
+
+def run_verdict(target: Target) -> Any:
+    """The triage verdict of ``target`` (``lld_monitor.cli.triage.RunVerdict``, named as the
+    picker names it), the same one ``lld-monitor analyze DIR`` prints; cached until the run's
+    files change, and then for at least ``VERDICT_REFRESH_S``. Never raises."""
+    from lld_monitor.cli import triage
+
+    try:
+        key = _stat_key(target.path)
+    except OSError:
+        key = (0.0, -1)
+    now = time.monotonic()
+    hit = _VERDICTS.get(str(target.path))
+    if hit is not None and (hit[0] == key or now - hit[1] < VERDICT_REFRESH_S):
+        return hit[2]
+    verdict = triage.triage_one(target.path, target.path.parent)
+    verdict.name = target.name
+    _VERDICTS[str(target.path)] = (key, now, verdict)
+    return verdict
+
+
+def verdict_order(names: Sequence[str], verdicts: dict[str, Any]) -> list[str]:
+    """``names`` sorted as the triage table sorts runs: worst verdict first, then the latest
+    worst alert, then by name."""
+    from lld_monitor.cli import triage
+
+    return sorted(names, key=lambda n: triage.sort_key(verdicts[n]))
+
+
+def picker_label(name: str, verdict: Any) -> str:
+    """``🔴 run · collapsed (collapse at step 73)``: a run's label in the picker."""
+    badge = VERDICT_BADGE.get(verdict.verdict, "⚪")
+    text = f"{badge} {name} · {verdict.verdict}"
+    if verdict.worst:
+        text += f" ({verdict.worst['kind']} at step {verdict.worst['step']})"
+    return text
+
+
 def _stat_key(path: Path) -> tuple[float, int]:
     """(latest mtime, total size) of a file, or of the files in a folder (TensorBoard)."""
     if path.is_dir():

@@ -35,9 +35,6 @@ _NOT_RUNS = frozenset({"__pycache__", "debug.log", "debug-internal.log", "debug-
 _NO_ROWS = "found no training rows with a known metric"  # (load_table's message)
 #: Suffixes of loose files taken for runs (listed as unreadable when they do not read).
 LOG_SUFFIXES = frozenset({".json", ".jsonl", ".csv", ".ipynb", ".parquet", ".wandb"})
-#: Entries that are never runs: caches, and W&B's own debug logs beside its run folders.
-_NOT_RUNS = frozenset({"__pycache__", "debug.log", "debug-internal.log", "debug-core.log"})
-_NO_ROWS = "found no training rows with a known metric"  # (load_table's message)
 #: Suffixes of loose files taken for runs only when their content is a known log format (a
 #: console log, a terminal capture in markdown, a TSV export), so a README, a notes file or a
 #: library's debug log is not listed.

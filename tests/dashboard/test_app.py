@@ -108,6 +108,11 @@ def make_app(monkeypatch: pytest.MonkeyPatch, *paths: Path, query: str | None = 
     return at
 
 
+def option_names(at: AppTest) -> list[str]:
+    """The run names of the picker's options (labels read "<badge> <name> · <verdict> ...")."""
+    return [o.split(" ", 1)[1].split(" · ")[0] for o in at.multiselect[0].options]
+
+
 def all_text(at: AppTest) -> str:
     parts = [m.value for m in at.markdown] + [c.value for c in at.caption]
     parts += (
@@ -156,7 +161,7 @@ def test_run_renders_header_charts_widgets(tmp_path: Path, monkeypatch: pytest.M
     assert "on, λ = 0\\.2" in text  # last row: LLDS on with lambda 0.2 (Markdown-escaped)
     # the alert's message, escaped so that Markdown does not eat the asterisks or the <...>
     assert "logp of \\*correct\\* fell \\<0\\.3\\> nats" in text
-    assert at.multiselect[0].options == ["exp1"]
+    assert option_names(at) == ["exp1"]
     assert at.multiselect[0].value == ["exp1"]
     assert step_slider(at).value == (0, 49)
     spec = chart_spec(at)
@@ -275,7 +280,7 @@ def test_foreign_log_is_listed_and_shown(tmp_path: Path, monkeypatch: pytest.Mon
     (tmp_path / "manifest.jsonl").write_text('{"step": 1, "name": "a"}\n{"step": 2, "name": "b"}\n')
     at = make_app(monkeypatch, tmp_path).run()
     assert not at.exception
-    assert at.multiselect[0].options == ["trl/trainer_state.json"]
+    assert option_names(at) == ["trl/trainer_state.json"]
     text = all_text(at)
     assert "foreign log \\(trl\\_trainer\\_state\\)" in text
     assert "3 rows, last step 3" in text
@@ -312,12 +317,12 @@ def test_query_string_cannot_leave_root(tmp_path: Path, monkeypatch: pytest.Monk
     (root / "link").symlink_to(tmp_path / "outside")  # nor through a symlink
     at = make_app(monkeypatch, root, query="../outside").run()
     assert not at.exception
-    assert at.multiselect[0].options == ["inside"]
+    assert option_names(at) == ["inside"]
     assert any("Ignored" in w.value and "outside" in w.value for w in at.warning)
     assert "outside" not in json.dumps(at.session_state["lld_runs"])
     at2 = make_app(monkeypatch, root, query="link").run()
     assert any("Ignored" in w.value for w in at2.warning)
-    assert at2.multiselect[0].options == ["inside"]
+    assert option_names(at2) == ["inside"]
     at3 = make_app(monkeypatch, root, query="inside").run()
     assert at3.multiselect[0].value == ["inside"]
     assert not at3.warning
@@ -357,6 +362,28 @@ def test_runs_named_on_the_command_line_are_all_shown_overlaid(
     assert {"off", "auto"} <= groups
     at = make_app(monkeypatch, tmp_path).run()
     assert len(at.multiselect[0].value) == 1
+
+
+def test_the_run_picker_shows_each_runs_triage_verdict_worst_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The badges are the verdicts ``lld-monitor analyze ROOT`` prints, in its order, and a
+    folder of runs opens on the worst one."""
+    from lld_monitor.cli.triage import triage
+    from lld_monitor.testing import make_run
+    from lld_monitor.testing import write_run as write_sim
+
+    write_sim(make_run("healthy", 200, seed=0), tmp_path / "a-healthy")
+    write_sim(make_run("collapse", 260, seed=0), tmp_path / "b-collapse")
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    expected = [(v.name, v.verdict) for v in triage(tmp_path)]
+    assert expected == [("b-collapse", "collapsed"), ("a-healthy", "healthy")]
+    assert option_names(at) == ["b-collapse", "a-healthy"]  # not the folder's order
+    labels = at.multiselect[0].options
+    assert labels[0].startswith("🔴 b-collapse · collapsed (collapse at step ")
+    assert labels[1] == "🟢 a-healthy · healthy"
+    assert at.multiselect[0].value == ["b-collapse"]
 
 
 # --- helpers --------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ markup). Screenshots go to ``test-artifacts/``. Skips when Chromium or Playwrigh
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -105,10 +106,9 @@ def live_run(tmp_path: Path) -> Iterator[tuple[Path, RunWriter]]:
     w.close()
 
 
-@pytest.fixture
-def server(live_run: tuple[Path, RunWriter]) -> Iterator[str]:
+@contextlib.contextmanager
+def _serve(root: Path) -> Iterator[str]:
     """The real CLI, ``lld-monitor dashboard ROOT --port P``, in its own process group."""
-    root, _ = live_run
     port = _free_port()
     ARTIFACTS.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "lld_monitor.cli", "dashboard", str(root), "--port", str(port)]
@@ -140,6 +140,13 @@ def server(live_run: tuple[Path, RunWriter]) -> Iterator[str]:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=15)
         out.close()
+
+
+@pytest.fixture
+def server(live_run: tuple[Path, RunWriter]) -> Iterator[str]:
+    root, _ = live_run
+    with _serve(root) as url:
+        yield url
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (make browser)")
@@ -260,5 +267,36 @@ def test_report_page_draws_sparse_probe_columns_in_chromium(tmp_path: Path) -> N
                 # isolated points draws no segment at all)
                 assert d.startswith("M") and "L" in d, (col, d)
             page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+        finally:
+            browser.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (make browser)")
+def test_run_picker_shows_triage_badges_worst_first_in_chromium(tmp_path: Path) -> None:
+    """``lld-monitor dashboard ROOT``: the picker's options carry the verdicts of
+    ``lld-monitor analyze ROOT`` as badges, worst first, and the worst run is the one shown."""
+    from lld_monitor.testing import make_run
+    from lld_monitor.testing import write_run as write_sim
+
+    root = tmp_path / "runs"
+    write_sim(make_run("healthy", 200, seed=0), root / "a-healthy")
+    write_sim(make_run("collapse", 260, seed=0), root / "b-collapse")
+    with _serve(root) as url, sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1200})
+            page.goto(url, wait_until="domcontentloaded")
+            # the chosen run (a chip in the picker): the worst one, with its badge
+            chip = page.get_by_text("🔴 b-collapse · collapsed", exact=False).first
+            chip.wait_for(timeout=60_000)
+            # open the picker: the other run is listed with its own badge
+            page.locator('[data-testid="stMultiSelect"] input').first.click()
+            option = page.get_by_role("option").first
+            option.wait_for(timeout=30_000)
+            listed = page.get_by_role("option").all_inner_texts()
+            assert listed == ["🟢 a-healthy · healthy"], listed
+            page.screenshot(path=str(ARTIFACTS / "dashboard-run-picker.png"), full_page=True)
+            option.click()  # both chosen now: worst first, as in the triage table
+            page.get_by_text("🟢 a-healthy · healthy").first.wait_for(timeout=30_000)
         finally:
             browser.close()
