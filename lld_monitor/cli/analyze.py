@@ -120,6 +120,10 @@ def summary_text(df: pd.DataFrame, analysis: Any) -> str:
     lines = [
         f"source:   {df.attrs.get('source_path', '?')}",
         f"format:   {fmt} ({FORMATS.get(fmt, 'unknown')})",
+        *(
+            f"not read: {other} (analyze that path to read it)"
+            for other in df.attrs.get("other_sources") or []
+        ),
         f"steps:    {len(df)} rows, step {int(df[C.STEP].iloc[0])} to {int(df[C.STEP].iloc[-1])}"
         f" ({df.attrs.get('step_source', '?')}: {df.attrs.get('step_note') or '?'})",
         "phases:",
@@ -165,6 +169,7 @@ def json_result(df: pd.DataFrame, analysis: Any) -> dict[str, Any]:
         **out,
         "source": str(df.attrs.get("source_path", "")),
         "format": df.attrs.get("source_format"),
+        "other_sources": list(df.attrs.get("other_sources") or []),
         "rows": len(df),
         "first_step": int(df[C.STEP].iloc[0]) if len(df) else None,
         "last_step": int(df[C.STEP].iloc[-1]) if len(df) else None,

@@ -613,6 +613,56 @@ def _detect_folder(path: Path) -> tuple[Format, Head | None]:
     )
 
 
+def _folder_sources(path: Path) -> list[tuple[str, Path, str]]:
+    """Every log an output folder holds that ``load_table`` could read: (format, path, what),
+    in the order ``_detect_folder`` prefers them. Checkpoints' copies of ``trainer_state.json``
+    count as one source (the latest checkpoint's)."""
+    found: list[tuple[str, Path, str]] = []
+    if _is_run_dir(path):
+        found.append(("lld_run", path, "the lld_monitor run log (steps.jsonl)"))
+    if is_wandb_run_dir(path):
+        found.append(("wandb_run", path, "a W&B run folder"))
+    events = sorted(p for p in path.rglob(f"*{_TB_NAME}*") if p.is_file())
+    if events:
+        n = len(events)
+        found.append(("tensorboard", path, f"TensorBoard events ({n} file{'s' if n != 1 else ''})"))
+    if (path / "trainer_state.json").is_file():
+        found.append(("trl_trainer_state", path / "trainer_state.json", "TRL's trainer_state.json"))
+    ckpts = []
+    for p in path.glob("checkpoint-*/trainer_state.json"):
+        tail = p.parent.name.removeprefix("checkpoint-")
+        if tail.isdigit():
+            ckpts.append((int(tail), p))
+    if ckpts:
+        last = max(ckpts)[1]
+        found.append(
+            (
+                "trl_trainer_state",
+                last,
+                f"trainer_state.json of the latest of {len(ckpts)} checkpoints",
+            )
+        )
+    for sub in sorted(path.glob("wandb/*run-*")):
+        if sub.is_dir() and is_wandb_run_dir(sub):
+            found.append(("wandb_run", sub, "a W&B run folder"))
+    return found
+
+
+def other_sources(path: Path, fmt: str) -> list[str]:
+    """For an output folder read as ``fmt``: a line per other log it holds (what and where), so
+    the analysis can say what it did not read. Empty for a file, or a folder with one log."""
+    if not path.is_dir():
+        return []
+    sources = _folder_sources(path)
+    chosen = next((i for i, (name, _, _) in enumerate(sources) if name == fmt), None)
+    out = []
+    for i, (_name, where, what) in enumerate(sources):
+        if i == chosen:
+            continue
+        out.append(f"{what}: {where}")
+    return out
+
+
 # --- public API ---------------------------------------------------------------------------------
 
 
@@ -637,7 +687,8 @@ def load_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
     (a ``FORMATS`` key), ``unmapped_columns`` (foreign names not mapped), ``step_source`` (where
     ``step`` came from: ``logged``, ``progress_bar``, ``epoch``, ``logging_steps`` or
     ``row_order``), ``step_note`` (the same as a sentence), ``import_notes`` (cells, lines and
-    rows dropped or changed, counted), ``source_path``.
+    rows dropped or changed, counted), ``source_path``, ``other_sources`` (for a folder: the
+    other logs it holds that were not read, one line each).
     """
     path = Path(path)
     fmt, head = detect(path)
@@ -672,6 +723,9 @@ def load_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
         *df.attrs.get("import_notes", []),
     ]
     df.attrs["source_path"] = str(path)
+    # an output folder may hold several logs of the run (TensorBoard events beside TRL's
+    # trainer_state.json, a wandb/ folder): say which one was read and what else is there
+    df.attrs["other_sources"] = other_sources(path, fmt.name)
     return df
 
 

@@ -70,10 +70,11 @@ def test_json_is_one_object_with_exactly_the_schema_keys(name, capsys):
     doc = json.loads(out)
     assert set(doc) == {
         *("phases", "alerts", "collapse_step", "signals"),  # Analysis.to_dict()
-        *("source", "format", "rows", "first_step", "last_step"),  # what the text says too
+        *("source", "format", "other_sources", "rows", "first_step", "last_step"),  # as the text
         *("step_source", "step_note", "notes", "unmapped_columns"),
     }
     assert doc["format"] == load_table(FIX / name).attrs["source_format"]
+    assert doc["other_sources"] == []  # a file, not an output folder
     assert isinstance(doc["notes"], list) and doc["step_note"]
     assert set(doc["signals"]) == {"used", "missing"}
     for seg in doc["phases"]:

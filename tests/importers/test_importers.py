@@ -523,6 +523,21 @@ def test_real_grpo_trainer_outputs_import(tmp_path, capfd, monkeypatch):
         assert list(df[C.STEP]) == [1, 2, 3], fmt
         for col, values in expected.items():
             assert _col(df, col) == pytest.approx(values, rel=rel, abs=1e-6), (fmt, col)
+    # the output folder holds both logs: the analysis says which it read and what else is there
+    df = load_table(out)
+    assert df.attrs["source_format"] == "tensorboard"
+    assert df.attrs["other_sources"] == [f"TRL's trainer_state.json: {out / 'trainer_state.json'}"]
+    assert load_table(out / "trainer_state.json").attrs["other_sources"] == []  # a file
+    from lld_monitor.cli import main
+
+    capfd.readouterr()
+    assert main(["analyze", str(out)]) == 0
+    text = capfd.readouterr().out
+    assert "format:   tensorboard" in text
+    assert f"not read: TRL's trainer_state.json: {out / 'trainer_state.json'}" in text
+    assert main(["analyze", str(out), "--json"]) == 0
+    doc = json.loads(capfd.readouterr().out)
+    assert doc["other_sources"] == [f"TRL's trainer_state.json: {out / 'trainer_state.json'}"]
 
 
 def _inflate(src: Path, dst: Path, min_bytes: int) -> None:
