@@ -221,6 +221,13 @@ class Drift:
     def same(self) -> bool:
         return not self.columns and not self.missing_columns and not self.events
 
+    @property
+    def same_trajectory(self) -> bool:
+        """Every column both runs hold is equal: the training is the same, even if one run
+        holds columns the other lacks (added to the monitor since) or other alerts (the
+        detector changed since)."""
+        return not self.columns
+
     def describe(self) -> str:
         if self.same:
             return f"identical over {self.rows_compared} rows"

@@ -123,7 +123,7 @@ def test_drift_finds_a_changed_value_and_an_event_of_one_run_only(tmp_path):
             json.dumps(
                 {
                     "type": "alert",
-                    "step": 30,
+                    "step": 10,
                     "time": 0,
                     "kind": "decay",
                     "severity": "warning",
@@ -134,12 +134,16 @@ def test_drift_finds_a_changed_value_and_an_event_of_one_run_only(tmp_path):
             + "\n"
         )
     drift = steps_drift(stored, copy)
-    assert not drift.same
+    assert not drift.same and not drift.same_trajectory
     assert drift.columns == {C.LOGP_CORRECT: 21}
-    assert drift.events == ("alert decay at step 30 (re-run)",)
+    assert drift.events == ("alert decay at step 10 (re-run)",)
     assert "logp_correct: 21" in drift.describe()
+    # an extra alert alone (rows 1-20: the changed value is at 21): the same trajectory, not
+    # the same run
+    only_event = steps_drift(stored, copy, rows=20)
+    assert only_event.columns == {} and only_event.same_trajectory and not only_event.same
     # an event after the compared rows is not part of the comparison
-    assert steps_drift(stored, copy, rows=29).events == ()
+    assert steps_drift(stored, copy, rows=9).events == ()
     with pytest.raises(ValueError):
         steps_drift(stored, copy, rows=10_000)
 
