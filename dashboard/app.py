@@ -27,6 +27,8 @@ from lld_monitor import columns as C  # noqa: E402
 TABLE_MAX_ROWS = 5000
 #: Responses rendered token by token in the drill-down at most.
 DRILL_MAX_RESPONSES = 16
+#: The largest integer a browser widget holds exactly (JavaScript's Number.MAX_SAFE_INTEGER).
+JS_MAX_INT = (1 << 53) - 1
 #: Seconds between rescans of ROOT for new runs.
 RESCAN_S = 10.0
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>$~:])")
@@ -149,10 +151,13 @@ def render_header(live: sources.LiveRun, color: str, stale_s: float) -> None:
         )
         cols = st.columns([1.2, 3, 1, 1.4, 1.8])
         cols[0].markdown(f"**Phase**  \n{md(h.phase)}  \n:gray[{md(h.phase_source)}]")
-        cols[1].markdown(f"**Last alert**  \n{md(h.last_alert)}")
+        latest = f"  \n:gray[latest: {md(h.latest_alert)}]" if h.latest_alert else ""
+        cols[1].markdown(f"**Worst alert**  \n{md(h.last_alert)}{latest}")
         cols[2].markdown(f"**LLDS**  \n{md(h.llds)}")
         cols[3].markdown(f"**Steps seen**  \n{md(h.steps_seen)}")
         cols[4].markdown(f"**Last update**  \n{md(h.last_update)}")
+        if h.collapse:
+            st.caption("Collapse: " + md(h.collapse))
         if h.signals_missing:
             st.caption("Signals missing from this log: " + md(", ".join(h.signals_missing)))
         for note in live.notes:
@@ -170,7 +175,7 @@ def render_header_compact(live: sources.LiveRun, color: str, stale_s: float) -> 
         f'<span style="color:{color}">■</span> **{md(live.target.name)}** · '
         + " · ".join(badges)
         + f" · phase **{md(h.phase)}** · LLDS {md(h.llds)} · {md(h.steps_seen)}"
-        + f" · last alert: {md(alert)}",
+        + f" · worst alert: {md(alert)}",
         unsafe_allow_html=True,
         help=f"{h.source}; phase from {h.phase_source}; last update {h.last_update}"
         + (f"; signals missing: {', '.join(h.signals_missing)}" if h.signals_missing else ""),
@@ -188,6 +193,12 @@ def select_range(runs: list[sources.LiveRun]) -> tuple[int, int] | None:
     lo_all, hi_all = min(firsts), max(lasts)
     if lo_all >= hi_all:
         return (lo_all, hi_all)
+    if max(abs(lo_all), abs(hi_all)) > JS_MAX_INT:  # a browser slider cannot hold such a step
+        st.caption(
+            f"Steps run from {lo_all} to {hi_all}, beyond what a slider can hold (2^53): the "
+            "whole range is shown; zoom in on the chart instead."
+        )
+        return None
     key = "lld_range"
     kept = st.session_state.get(f"{key}:kept")  # (lo, hi, hi was the last step)
     lo, hi = lo_all, hi_all

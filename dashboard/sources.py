@@ -285,7 +285,7 @@ class Header:
 
     phase: str
     phase_source: str
-    last_alert: str
+    last_alert: str  # the most severe alert, the latest of those (the header's "Worst alert")
     llds: str
     steps_seen: str
     last_update: str
@@ -293,6 +293,8 @@ class Header:
     simulated: bool
     source: str
     signals_missing: tuple[str, ...] = ()
+    latest_alert: str = ""  # the latest alert, when it is not the worst one
+    collapse: str = ""  # the collapse numbers, each named (analysis.offline.collapse_text)
 
 
 @dataclass
@@ -541,10 +543,17 @@ class LiveRun:
         elif self.analysis_pending:
             phase_source += " (updating)"
         alerts = [m for m in self.markers() if m.type == "alert"]
-        last_alert = "none"
+        last_alert, latest_alert = "none", ""
         if alerts:
-            a = alerts[-1]
-            last_alert = f"{a.kind} ({a.severity}) at step {a.step:g}: {a.message}"
+            rank = {s: i for i, s in enumerate(C.SEVERITIES)}
+            worst = max(alerts, key=lambda m: (rank.get(m.severity, 0), m.step))
+            last_alert = f"{worst.kind} ({worst.severity}) at step {worst.step:g}: {worst.message}"
+            latest = max(alerts, key=lambda m: m.step)
+            if latest is not worst:
+                latest_alert = f"{latest.kind} ({latest.severity}) at step {latest.step:g}"
+        from lld_monitor.analysis.offline import collapse_text
+
+        collapse = (collapse_text(self.analysis) or "") if self.analysis is not None else ""
         steps = self.steps
         n = len(steps)
         steps_seen = f"{n} rows" + (f", last step {int(steps[C.STEP].iloc[-1])}" if n else "")
@@ -563,6 +572,8 @@ class LiveRun:
             simulated=bool(self.meta.get("simulated")),
             source=source,
             signals_missing=tuple(getattr(self.analysis, "signals_missing", None) or ()),
+            latest_alert=latest_alert,
+            collapse=collapse,
         )
 
     def _llds_text(self) -> str:

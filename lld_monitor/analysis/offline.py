@@ -51,7 +51,8 @@ class Analysis:
     notes: list[str] = field(default_factory=list)  # what the missing signals rule out
 
     def to_dict(self) -> dict[str, Any]:
-        """Exactly ``{"phases", "alerts", "collapse_step", "signals": {"used", "missing"}}``."""
+        """Exactly ``{"phases", "alerts", "collapse_step", "collapse", "signals": {"used",
+        "missing"}}`` (``collapse``: ``collapse_numbers``)."""
         return {
             "phases": [s.to_dict() for s in self.phases],
             "alerts": [
@@ -59,8 +60,44 @@ class Analysis:
                 for a in self.alerts
             ],
             "collapse_step": self.collapse_step,
+            "collapse": collapse_numbers(self),
             "signals": {"used": list(self.signals_used), "missing": list(self.signals_missing)},
         }
+
+
+def collapse_numbers(analysis: Any) -> dict[str, int | None]:
+    """The three steps a collapse is known by, each named for what it is:
+
+    - ``reward_fell``: the first step of the collapse phase at which the reward (median of 5
+      rows) is below half its peak so far (``Analysis.collapse_step``, the one to quote);
+    - ``phase_start``: where hindsight puts the start of the collapse phase (the change point of
+      the signal that drove it; usually before the reward fell);
+    - ``alert``: the step of the first collapse alert, when the online detector (the same one
+      that runs live) was sure.
+
+    All None when the run shows no collapse."""
+    segs = [s for s in getattr(analysis, "phases", None) or () if s.phase == "collapse"]
+    alerts = [a for a in getattr(analysis, "alerts", None) or () if a.kind == "collapse"]
+    return {
+        "reward_fell": getattr(analysis, "collapse_step", None),
+        "phase_start": int(segs[0].start_step) if segs else None,
+        "alert": int(alerts[0].step) if alerts else None,
+    }
+
+
+def collapse_text(analysis: Any) -> str | None:
+    """``collapse_numbers`` as one sentence (None when there is no collapse)."""
+    n = collapse_numbers(analysis)
+    if n["reward_fell"] is None and n["phase_start"] is None and n["alert"] is None:
+        return None
+    parts = []
+    if n["reward_fell"] is not None:
+        parts.append(f"the reward fell below half its peak at step {n['reward_fell']}")
+    if n["phase_start"] is not None:
+        parts.append(f"the collapse phase starts at step {n['phase_start']} (hindsight)")
+    if n["alert"] is not None:
+        parts.append(f"the first collapse alert came at step {n['alert']} (online)")
+    return "; ".join(parts)
 
 
 def load_steps(obj: Any) -> pd.DataFrame:

@@ -231,7 +231,9 @@ def collapse_line(analysis: Any) -> str:
     """The ``collapse:`` line: the step, or what else failed outright, or that none was seen
     (a mode collapse can hold the reward while the run is dead: it is named here too)."""
     if analysis.collapse_step is not None:
-        return f"step {analysis.collapse_step}"
+        from lld_monitor.analysis.offline import collapse_text
+
+        return f"step {analysis.collapse_step} ({collapse_text(analysis)})"
     failed = [a for a in analysis.alerts if a.kind in FAILED_KINDS]
     if failed:
         first = failed[0]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,22 +41,31 @@ RUN_COLORS: tuple[str, ...] = (
     "#B6E880",
 )
 #: One colour per signal when one run is shown: correct responses teal, incorrect magenta, in
-#: every panel; none of them is a phase colour.
+#: every panel; the signals of one panel differ in hue; none of them is a phase colour (green,
+#: yellow, orange, red, grey).
 SIGNAL_COLORS: dict[str, str] = {
     C.REWARD_MEAN: "#1f3f8f",
-    C.ACCURACY: "#5b8ff9",
+    C.ACCURACY: "#7b2cbf",
     C.LOGP_CORRECT: "#138a7e",
     C.LOGP_INCORRECT: "#c2185b",
     C.DELTA_CORRECT: "#138a7e",
     C.DELTA_INCORRECT: "#c2185b",
     C.FRAC_CORRECT_DISPLACED: "#138a7e",
-    C.INBATCH_FRAC_CORRECT_DISPLACED: "#7cc4ba",
+    C.INBATCH_FRAC_CORRECT_DISPLACED: "#1f3f8f",
     C.GRAD_NORM: "#6a3d9a",
-    C.GRAD_NORM_MAX: "#b39ddb",
+    C.GRAD_NORM_MAX: "#17a2b8",
     C.ENTROPY: "#8c564b",
-    C.LLDS_LAMBDA: "#333333",
-    C.LLDS_LOSS: "#8a8a8a",
+    C.LLDS_LAMBDA: "#222222",
+    C.LLDS_LOSS: "#8c564b",
 }
+#: Columns that hold a state (LLDS on, its lambda): drawn as steps, never smoothed.
+STATE_COLUMNS: frozenset[str] = frozenset({C.LLDS_ENABLED, C.LLDS_LAMBDA})
+#: A smoothed line restarts at a run of this many equal values (a dead tail of zeros, a
+#: constant), so that it is drawn exactly at that value from its first step.
+FLAT_RUN = 8
+#: Two logged points further apart than this many times the column's usual spacing are not
+#: joined: the line breaks (a gap is drawn as a gap, not as a trend).
+GAP_FACTOR = 3.0
 PHASE_COLORS: dict[str, str] = {
     "healthy": "#2ca02c",
     "stagnation": "#f2c300",
@@ -91,21 +101,27 @@ class Panel:
     series: tuple[tuple[str, str], ...]  # (column, label)
     log_y: bool = False
     hline: float | None = None  # a reference line, e.g. the 50% displaced line
+    unit: str = ""  # of every series of the panel (in its title and in the hover)
 
 
 PANELS: tuple[Panel, ...] = (
-    Panel("Reward", ((C.REWARD_MEAN, "reward"), (C.ACCURACY, "accuracy"))),
     Panel(
-        "Log-prob of responses (per token)",
-        ((C.LOGP_CORRECT, "correct"), (C.LOGP_INCORRECT, "incorrect")),
+        "Reward (mean per response, 0-1)",
+        ((C.REWARD_MEAN, "reward"), (C.ACCURACY, "accuracy")),
     ),
     Panel(
-        "Change after update (displacement)",
+        "Log-prob of responses (nats per token)",
+        ((C.LOGP_CORRECT, "correct"), (C.LOGP_INCORRECT, "incorrect")),
+        unit="nats/token",
+    ),
+    Panel(
+        "Change after update (summed nats per response)",
         ((C.DELTA_CORRECT, "correct"), (C.DELTA_INCORRECT, "incorrect")),
         hline=0.0,
+        unit="nats/response",
     ),
     Panel(
-        "Share of correct responses displaced (50% line)",
+        "Share of correct responses displaced (0-1; 50% line)",
         (
             (C.FRAC_CORRECT_DISPLACED, "share displaced"),
             (C.INBATCH_FRAC_CORRECT_DISPLACED, "in batch, before its last update"),
@@ -113,12 +129,12 @@ PANELS: tuple[Panel, ...] = (
         hline=0.5,
     ),
     Panel(
-        "Grad norm, pre-clip (log scale)",
+        "Grad norm, pre-clip (L2, log scale; 0 drawn at the floor, marked x)",
         ((C.GRAD_NORM, "grad norm"), (C.GRAD_NORM_MAX, "max")),
         log_y=True,
     ),
-    Panel("Entropy", ((C.ENTROPY, "entropy"),)),
-    Panel("LLDS", ((C.LLDS_LAMBDA, "lambda"), (C.LLDS_LOSS, "loss"))),
+    Panel("Entropy (nats per token)", ((C.ENTROPY, "entropy"),), unit="nats/token"),
+    Panel("LLDS (lambda; loss)", ((C.LLDS_LAMBDA, "lambda"), (C.LLDS_LOSS, "loss"))),
 )
 
 
@@ -210,24 +226,66 @@ def decimate(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray,
     return np.asarray(x)[idx], yf[idx]
 
 
-def logged_points(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The points of a column to draw, joined: NaN rows dropped, repeats on consecutive steps once.
+def compress_repeats(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of a value repeated on consecutive steps keep only the first and the last step: the line
+    between them is flat, so nothing changes in the drawing (a rollout batch's value copied onto
+    each of its updates, a dead tail of zeros, a constant lambda). ``x``, ``y``: [N] -> [M]."""
+    if len(y) <= 2:
+        return x, y
+    same_prev = np.zeros(len(y), dtype=bool)
+    same_prev[1:] = (y[1:] == y[:-1]) & (np.diff(x) == 1.0)
+    same_next = np.zeros(len(y), dtype=bool)
+    same_next[:-1] = same_prev[1:]
+    interior = same_prev & same_next  # neither the first nor the last of its repeat
+    if not interior.any():
+        return x, y
+    return x[~interior], y[~interior]
 
-    ``x`` (steps), ``y``: [N] -> [M]. A column logged on some steps only (the probe runs once per
-    rollout batch) would draw nothing as a NaN-broken line, so its logged points are kept and
-    joined. A value copied onto every update of a rollout batch (steps s, s+1, ... with the same
-    value) would draw a staircase: only the first step of such a repeat is kept (and the last
-    point, so the line reaches the end).
+
+def logged_points(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The points of a column to draw: NaN rows dropped, repeats compressed
+    (``compress_repeats``). ``x`` (steps), ``y``: [N] -> [M].
+
+    A column logged on some steps only (the probe runs once per rollout batch) would draw
+    nothing as a NaN-broken line, so its logged points are kept and joined; the drawing breaks
+    the line only at gaps (``gap_starts``).
     """
     logged = ~np.isnan(y)
-    x, y = x[logged], y[logged]
-    if len(y) > 2:
-        repeat = np.zeros(len(y), dtype=bool)
-        repeat[1:] = (y[1:] == y[:-1]) & (np.diff(x) == 1.0)
-        repeat[-1] = False
-        if repeat.any():
-            x, y = x[~repeat], y[~repeat]
-    return x, y
+    return compress_repeats(x[logged], y[logged])
+
+
+def gap_starts(x: np.ndarray) -> np.ndarray:
+    """Indices i where the step from x[i-1] to x[i] is a gap: more than ``GAP_FACTOR`` times
+    the column's usual (median) spacing and more than one step. ``x``: [N] sorted steps."""
+    if len(x) < 3:
+        return np.array([], dtype=int)
+    dx = np.diff(x)
+    usual = float(np.median(dx))
+    return np.flatnonzero((dx > GAP_FACTOR * usual) & (dx > 1.0)) + 1
+
+
+def smooth(x: np.ndarray, y: np.ndarray, weight: float) -> np.ndarray:
+    """The EMA of a column's logged points (``x`` steps, ``y`` values, no NaN: [N] -> [N]),
+    restarted at each gap and at each run of ``FLAT_RUN`` or more equal values, so that a
+    constant, a dead tail of zeros and the level after a switch are drawn exactly, and no
+    smoothing carries a value across steps that were not measured."""
+    n = len(y)
+    if weight == 0.0 or n == 0:
+        return np.array(y, dtype=float)
+    starts = set(gap_starts(x).tolist())
+    i = 0
+    while i < n:  # the first index of each long run of equal values
+        j = i
+        while j + 1 < n and y[j + 1] == y[i]:
+            j += 1
+        if j - i + 1 >= FLAT_RUN:
+            starts.add(i)
+        i = j + 1
+    bounds = sorted({0, *starts, n})
+    out = np.empty(n, dtype=float)
+    for a, b in itertools.pairwise(bounds):
+        out[a:b] = ema(y[a:b], weight)
+    return out
 
 
 def slice_steps(steps: pd.DataFrame, step_range: tuple[float, float] | None) -> pd.DataFrame:
@@ -328,10 +386,22 @@ def build_figure(
         annotations[0]["text"] = STRIP_TITLE[:-1] + CLICK_HINT + ")"
     for i, panel in enumerate(PANELS, start=1):
         annotations[i]["text"] = _panel_title(panel, single)
+    floors = {
+        row: log_floor(
+            [
+                slice_steps(r.steps, step_range)[col].to_numpy(dtype=float)
+                for r in runs
+                for col, _ in panel.series
+                if _has_data(r.steps, col)
+            ]
+        )
+        for row, panel in enumerate(PANELS, start=2)
+        if panel.log_y
+    }
     for i, run in enumerate(runs):
         if not single:  # one legend entry per run; clicking it hides the run everywhere
             traces.append(_legend_entry(run, i))
-        traces += _run_traces(run, i, single, ema_weight, show_raw, step_range, max_points)
+        traces += _run_traces(run, i, single, ema_weight, show_raw, step_range, max_points, floors)
         traces += _strip_traces(run, i, single, step_range, shapes)
     if single and runs:
         _bands(runs[0], step_range, shapes)
@@ -371,7 +441,7 @@ def build_figure(
     layout["yaxis"].update(
         tickmode="array",
         tickvals=list(range(len(runs))),
-        ticktext=[_short(r.name) for r in runs],
+        ticktext=[_lane_label(r.name) for r in runs],
         range=[len(runs) - 0.5, -0.5],  # first run on top
         showgrid=False,
         zeroline=False,
@@ -387,7 +457,7 @@ def build_figure(
         shapes=shapes,
         annotations=annotations,
         height=200 * len(PANELS) + 90 + 40 * len(runs) + (40 if title else 0),
-        margin={"l": 90, "r": 10, "t": 70 if title else 40, "b": 40},
+        margin={"l": _lane_margin(runs), "r": 10, "t": 70 if title else 40, "b": 40},
         hovermode="x unified",
         barmode="overlay",
         showlegend=not single,
@@ -401,8 +471,39 @@ def build_figure(
     return go.Figure(data=traces, layout=layout)
 
 
-def _short(name: str, width: int = 14) -> str:
-    return escape(name if len(name) <= width else name[: width - 1] + "…")
+#: Characters per line of a run's name in its lane (longer names wrap; never cut).
+LANE_WIDTH = 28
+
+
+def _lane_label(name: str) -> str:
+    """A run's full name for its lane, wrapped at ``LANE_WIDTH`` characters (on ``-``, ``_``,
+    ``/`` when it can)."""
+    import re
+
+    parts = re.findall(r"[^-_/]+[-_/]?|[-_/]", name) or [name]
+    lines, line = [], ""
+    for part in parts:
+        while len(part) > LANE_WIDTH:  # one long word: hard breaks
+            if line:
+                lines.append(line)
+                line = ""
+            lines.append(part[:LANE_WIDTH])
+            part = part[LANE_WIDTH:]
+        if len(line) + len(part) > LANE_WIDTH and line:
+            lines.append(line)
+            line = ""
+        line += part
+    if line:
+        lines.append(line)
+    return "<br>".join(escape(x) for x in lines)
+
+
+def _lane_margin(runs: Sequence[RunSeries]) -> int:
+    """Left margin (px) that holds the longest line of the lanes' names."""
+    longest = max(
+        (len(line) for r in runs for line in _lane_label(r.name).split("<br>")), default=8
+    )
+    return int(min(max(90, 7 * longest + 16), 16 + 7 * LANE_WIDTH))
 
 
 def _has_data(steps: pd.DataFrame, column: str) -> bool:
@@ -424,6 +525,41 @@ def _legend_entry(run: RunSeries, index: int) -> dict[str, Any]:
     }
 
 
+def log_floor(values: Sequence[np.ndarray]) -> float:
+    """Where a log axis draws zeros and negatives: one decade below the decade of the smallest
+    positive value (1e-3 when none is positive)."""
+    positive = [float(np.min(v[v > 0])) for v in values if np.any(v > 0)]
+    if not positive:
+        return 1e-3
+    return float(10.0 ** (math.floor(math.log10(min(positive))) - 1))
+
+
+def _segments(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """The points to draw of a column's logged rows (``x``, ``y`` without NaN): the line is broken
+    at each gap (``gap_starts`` on the logged steps), repeats are compressed and each stretch is
+    decimated on its own."""
+    bounds = [0, *gap_starts(x).tolist(), len(x)]
+    xs: list[np.ndarray] = []
+    ys: list[np.ndarray] = []
+    for a, b in itertools.pairwise(bounds):
+        cx, cy = compress_repeats(x[a:b], y[a:b])
+        budget = max(4, int(max_points * (b - a) / max(len(x), 1)))
+        sx, sy = decimate(cx, cy, budget)
+        if xs:  # the break: one NaN point between the stretches
+            xs.append(np.array([(xs[-1][-1] + sx[0]) / 2.0]))
+            ys.append(np.array([np.nan]))
+        xs.append(np.asarray(sx, dtype=float))
+        ys.append(np.asarray(sy, dtype=float))
+    if not xs:
+        return np.array([]), np.array([])
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def _hover(run: str, label: str, unit: str) -> str:
+    unit = f" {escape(unit)}" if unit else ""
+    return f"<b>{escape(run)}</b> · {escape(label)}: %{{y:.4g}}{unit} (step %{{x}})<extra></extra>"
+
+
 def _run_traces(
     run: RunSeries,
     index: int,
@@ -432,45 +568,70 @@ def _run_traces(
     show_raw: bool,
     step_range: tuple[float, float] | None,
     max_points: int,
+    floors: dict[int, float],
 ) -> list[dict[str, Any]]:
     steps = slice_steps(run.steps, step_range)
     x_all = steps[C.STEP].to_numpy(dtype=float) if C.STEP in steps else np.array([])
-    smooth = ema_weight > 0.0
     out: list[dict[str, Any]] = []
     for row, panel in enumerate(PANELS, start=2):
-        for k, (column, _) in enumerate(panel.series):
+        for k, (column, label) in enumerate(panel.series):
             if not _has_data(steps, column):
                 continue
-            x_col, y_all = logged_points(x_all, steps[column].to_numpy(dtype=float))
+            y_raw = steps[column].to_numpy(dtype=float)
+            logged = ~np.isnan(y_raw)
+            x_col, y_all = x_all[logged], y_raw[logged]
             if single:
                 color, dash = SIGNAL_COLORS.get(column, run_color(run, index)), "solid"
             else:
                 color, dash = run_color(run, index), DASHES[k % len(DASHES)]
+            state = column in STATE_COLUMNS
+            smoothed = ema_weight > 0.0 and not state
             common = {
                 "type": "scatter",
-                "mode": "lines+markers" if len(x_col) <= 60 else "lines",
+                "mode": "lines+markers"
+                if len(compress_repeats(x_col, y_all)[0]) <= 60
+                else "lines",
                 "marker": {"size": 4},
                 "legendgroup": run.name,
                 "showlegend": False,
                 "xaxis": f"x{row}",
                 "yaxis": f"y{row}",
                 "meta": run.name,
+                "hovertemplate": _hover(run.name, label, panel.unit),
             }
+            if state:  # a switch is drawn as a step, at its exact values
+                common["line_shape"] = "hv"
             name = f"{run.name} · {column}"
-            if show_raw or not smooth:
-                x, y = decimate(x_col, y_all, max_points)
+            floor = floors.get(row)
+            if floor is not None and np.any(y_all <= 0):  # zeros on a log axis: at the floor
+                zero = y_all <= 0
+                out.append(
+                    {
+                        **common,
+                        "mode": "markers",
+                        "x": x_col[zero],
+                        "y": np.full(int(zero.sum()), floor),
+                        "name": name + " (<= 0, drawn at the floor)",
+                        "marker": {"symbol": "x", "size": 6, "color": color},
+                        "hovertemplate": f"<b>{escape(run.name)}</b> · {escape(label)}: "
+                        "0 or below (drawn at the axis floor; step %{x})<extra></extra>",
+                    }
+                )
+                y_all = np.where(zero, floor, y_all)
+            if show_raw or not smoothed:
+                x, y = _segments(x_col, y_all, max_points)
                 out.append(
                     {
                         **common,
                         "x": x,
                         "y": y,
-                        "name": name + (" (raw)" if smooth else ""),
-                        "line": {"color": color, "dash": dash, "width": 1 if smooth else 1.6},
-                        "opacity": 0.35 if smooth else 1.0,
+                        "name": name + (" (raw)" if smoothed else ""),
+                        "line": {"color": color, "dash": dash, "width": 1 if smoothed else 1.6},
+                        "opacity": 0.35 if smoothed else 1.0,
                     }
                 )
-            if smooth:
-                x, y = decimate(x_col, ema(y_all, ema_weight), max_points)
+            if smoothed:
+                x, y = _segments(x_col, smooth(x_col, y_all, ema_weight), max_points)
                 out.append(
                     {
                         **common,

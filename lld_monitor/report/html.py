@@ -57,7 +57,7 @@ def _summary_html(df: pd.DataFrame, analysis: Any) -> str:
         f"<p>source: {html.escape(str(attrs.get('source_path', '?')))} "
         f"({html.escape(str(attrs.get('source_format', '?')))}), {len(df)} steps; "
         f"{html.escape(str(attrs.get('step_note') or 'step as given'))}</p>",
-        f"<p>collapse: {_collapse_text(getattr(analysis, 'collapse_step', None))}</p>",
+        f"<p>collapse: {html.escape(_collapse_text(analysis))}</p>",
         "<p>signals used: "
         + html.escape(", ".join(getattr(analysis, "signals_used", []) or []) or "none")
         + "<br>signals missing: "
@@ -78,6 +78,13 @@ def _summary_html(df: pd.DataFrame, analysis: Any) -> str:
     return '<div style="font-family: sans-serif; margin: 1em">' + "".join(lines) + "</div>"
 
 
-def _collapse_text(step: int | None) -> str:
-    """'step N', or 'none detected' (as the CLI summary says), never Python's 'None'."""
-    return "none detected" if step is None else f"step {step}"
+def _collapse_text(analysis: Any) -> str:
+    """'step N (what each collapse number means)', or 'none detected' (as the CLI summary says),
+    never Python's 'None'."""
+    from lld_monitor.analysis.offline import collapse_text
+
+    step = getattr(analysis, "collapse_step", None)
+    if step is None:
+        return "none detected"
+    said = collapse_text(analysis)
+    return f"step {step}" + (f" ({said})" if said else "")

@@ -69,7 +69,7 @@ def test_json_is_one_object_with_exactly_the_schema_keys(name, capsys):
     assert out.count("\n") == 1  # exactly one JSON object on one line
     doc = json.loads(out)
     assert set(doc) == {
-        *("phases", "alerts", "collapse_step", "signals"),  # Analysis.to_dict()
+        *("phases", "alerts", "collapse_step", "collapse", "signals"),  # Analysis.to_dict()
         *("source", "format", "other_sources", "rows", "first_step", "last_step"),  # as the text
         *("step_source", "step_note", "notes", "unmapped_columns"),
     }
@@ -84,6 +84,8 @@ def test_json_is_one_object_with_exactly_the_schema_keys(name, capsys):
         assert set(alert) == {"step", "kind", "severity", "message"}
         assert alert["severity"] in C.SEVERITIES
     assert doc["collapse_step"] is None or isinstance(doc["collapse_step"], int)
+    assert set(doc["collapse"]) == {"reward_fell", "phase_start", "alert"}
+    assert doc["collapse"]["reward_fell"] == doc["collapse_step"]
 
 
 def test_json_equals_the_analysis_of_the_imported_table(tmp_path, capsys):

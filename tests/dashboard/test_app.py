@@ -100,6 +100,9 @@ def write_run(
     return w
 
 
+ROOT_DIR = Path(__file__).resolve().parents[2]
+
+
 def make_app(monkeypatch: pytest.MonkeyPatch, *paths: Path, query: str | None = None) -> AppTest:
     monkeypatch.setattr(sys, "argv", ["app.py", *map(str, paths)])
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
@@ -384,6 +387,49 @@ def test_the_run_picker_shows_each_runs_triage_verdict_worst_first(
     assert labels[0].startswith("🔴 b-collapse · collapsed (collapse at step ")
     assert labels[1] == "🟢 a-healthy · healthy"
     assert at.multiselect[0].value == ["b-collapse"]
+
+
+def test_header_names_the_worst_alert_and_the_collapse_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stored collapsed demo run: a critical collapse at 73, later warnings up to 162."""
+    import shutil
+
+    src = ROOT_DIR / "sample_runs" / "auto" / "s1-small-32upd-lr3e-3-seed0-off"
+    shutil.copytree(src, tmp_path / "off")
+    import time
+
+    at = make_app(monkeypatch, tmp_path / "off").run()
+    for _ in range(40):  # the analysis runs in the background; a rerun collects it
+        text = all_text(at).replace("\\", "")  # (markdown escapes)
+        if "Collapse:" in text:
+            break
+        time.sleep(0.25)
+        at.run()
+    assert not at.exception
+    assert "**Worst alert**  \ncollapse (critical) at step 73" in text
+    assert "latest: mode_collapse (warning) at step 162" in text  # named as the latest
+    assert "Collapse: the reward fell below half its peak at step 73" in text
+
+
+def test_broken_and_odd_runs_never_take_the_page_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_run(tmp_path / "good", 20)
+    bad = tmp_path / "a-bad-meta"
+    bad.mkdir()
+    (bad / "meta.json").write_text("{not json")
+    (bad / "steps.jsonl").write_text('{"step": 1, "reward_mean": 0.1}\n')
+    huge = RunWriter(tmp_path / "b-huge-steps", fsync_every_s=0)
+    for s in (1, 2, 10**18):
+        huge.log_step({C.STEP: s, C.REWARD_MEAN: 0.1})
+    huge.close()
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    assert "good" in option_names(at)
+    for name in ("a-bad-meta", "b-huge-steps", "good"):
+        at.multiselect[0].set_value([name]).run()
+        assert not at.exception, name
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -794,15 +840,87 @@ def test_one_run_colours_signals_several_runs_colour_runs() -> None:
     assert not [s for s in two.layout.shapes if s.type == "rect"]
 
 
-def test_value_repeated_on_consecutive_steps_is_drawn_once() -> None:
-    # steps 1-4 copy one rollout batch's value, then 5-8 the next: a staircase becomes a ramp
+def test_a_repeated_value_is_drawn_flat_from_its_first_to_its_last_step() -> None:
+    # steps 1-4 copy one rollout batch's value, then 5-8 the next: flat over each batch
     x = np.arange(1.0, 9.0)
     y = np.array([1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0])
     xs, ys = charts.logged_points(x, y)
-    assert xs.tolist() == [1.0, 5.0, 8.0] and ys.tolist() == [1.0, 2.0, 2.0]
+    assert xs.tolist() == [1.0, 4.0, 5.0, 8.0] and ys.tolist() == [1.0, 1.0, 2.0, 2.0]
     # the same value at steps 4 and 8 (probe every 4th step) is two measurements: both kept
     xs, ys = charts.logged_points(np.array([4.0, 8.0, 12.0]), np.array([-1.0, -1.0, 0.5]))
     assert xs.tolist() == [4.0, 8.0, 12.0]
+
+
+def _trace(fig, name: str):
+    return next(t for t in fig.data if t.name == name)
+
+
+def _y_at(trace, step: float) -> float:
+    """The value a drawn line has at ``step`` (linear between its points; NaN in a break)."""
+    x = np.asarray(trace.x, dtype=float)
+    y = np.asarray(trace.y, dtype=float)
+    i = int(np.searchsorted(x, step))
+    if i < len(x) and x[i] == step:
+        return float(y[i])
+    if trace.line.shape == "hv":
+        return float(y[i - 1])
+    return float(np.interp(step, x[i - 1 : i + 1], y[i - 1 : i + 1]))
+
+
+def test_smoothing_is_exact_on_constants_switches_and_a_dead_tail() -> None:
+    rng = np.random.default_rng(0)
+    n = 200
+    steps = np.arange(1, n + 1)
+    reward = np.concatenate([0.3 + 0.1 * rng.standard_normal(170), np.zeros(30)])
+    grad = np.concatenate([1.0 + 0.3 * rng.random(170), np.zeros(30)])
+    lam = np.where(steps >= 120, 0.2, 0.0)
+    df = pd.DataFrame({C.STEP: steps, C.REWARD_MEAN: reward, C.GRAD_NORM: grad, C.LLDS_LAMBDA: lam})
+    fig = charts.build_figure([charts.RunSeries("r", df)], ema_weight=0.6)
+    smooth_r = _trace(fig, f"r · {C.REWARD_MEAN}")
+    # the dead tail (steps 171-200, exactly 0) is drawn at 0 by the smoothed line, from step 171
+    for s in (171, 180, 200):
+        assert _y_at(smooth_r, s) == 0.0
+    # lambda: a state, not smoothed, drawn as a step: 0 up to 119, exactly 0.2 from 120 on
+    lam_t = _trace(fig, f"r · {C.LLDS_LAMBDA}")
+    assert lam_t.line.shape == "hv"
+    assert _y_at(lam_t, 119) == 0.0 and _y_at(lam_t, 120) == 0.2 and _y_at(lam_t, 121) == 0.2
+    assert not [t for t in fig.data if t.name == f"r · {C.LLDS_LAMBDA} (raw)"]
+    # zeros on the log axis: at the floor (a decade below the smallest value), marked
+    floor_marks = _trace(fig, f"r · {C.GRAD_NORM} (<= 0, drawn at the floor)")
+    assert list(floor_marks.x) == list(range(171, 201))
+    assert set(floor_marks.y) == {0.1}  # smallest value 1.0x: decade 1e0, floor 1e-1
+    assert _y_at(_trace(fig, f"r · {C.GRAD_NORM}"), 185) == pytest.approx(0.1)
+
+
+def test_a_gap_in_a_column_is_drawn_as_a_gap() -> None:
+    # logp_correct logged on every step except 128-231 (nothing correct sampled there)
+    steps = np.arange(1, 301)
+    logp = np.where((steps >= 128) & (steps <= 231), np.nan, -0.3 - 0.001 * steps)
+    # a probe column logged every 8th step with one batch missing: still joined
+    probe = np.where((steps % 8 == 0) & (steps != 64), 0.4, np.nan)
+    df = pd.DataFrame({C.STEP: steps, C.LOGP_CORRECT: logp, C.FRAC_CORRECT_DISPLACED: probe})
+    fig = charts.build_figure([charts.RunSeries("r", df)], ema_weight=0.6)
+    for name in (f"r · {C.LOGP_CORRECT}", f"r · {C.LOGP_CORRECT} (raw)"):
+        t = _trace(fig, name)
+        assert np.isnan(_y_at(t, 180)), name  # nothing drawn across the gap
+        assert _y_at(t, 127) == pytest.approx(-0.427, abs=0.01)
+        assert _y_at(t, 232) == pytest.approx(-0.532, abs=0.01)
+    share = _trace(fig, f"r · {C.FRAC_CORRECT_DISPLACED} (raw)")
+    assert not np.isnan(np.asarray(share.y, dtype=float)).any()
+    assert _y_at(share, 64) == pytest.approx(0.4)
+
+
+def test_panels_name_their_units_and_hovers_name_run_signal_step_and_value() -> None:
+    df = probed_every_8th(16)
+    fig = charts.build_figure([charts.RunSeries("a-long-run-name-seed0", df)], ema_weight=0.0)
+    titles = [a.text for a in fig.layout.annotations[1 : 1 + len(charts.PANELS)]]
+    assert "nats per token" in titles[1] and "summed nats per response" in titles[2]
+    t = _trace(fig, f"a-long-run-name-seed0 · {C.LOGP_CORRECT}")
+    assert t.hovertemplate.startswith("<b>a-long-run-name-seed0</b> · correct: %{y:.4g} nats/token")
+    # signals of one panel differ in hue
+    for panel in charts.PANELS:
+        colours = [charts.SIGNAL_COLORS[c] for c, _ in panel.series if c in charts.SIGNAL_COLORS]
+        assert len(set(colours)) == len(colours), panel.title
 
 
 def test_any_alert_kind_is_a_marker_and_a_point_maps_back_to_its_run() -> None:
@@ -831,16 +949,64 @@ def test_query_run_dot_slash_shows_that_run(
     assert "nope" in message
 
 
-def test_several_updates_per_rollout_batch_draw_one_point_per_batch() -> None:
+def test_several_updates_per_rollout_batch_draw_each_batch_flat() -> None:
     from lld_monitor.testing import make_run
 
-    # 4 optimizer steps per rollout batch repeat the batch's reward and logp: one point each
-    # batch (steps 0, 4, 8, ...) and the last step, not a staircase of 120 points
+    # 4 optimizer steps per rollout batch repeat the batch's reward: each batch drawn flat from
+    # its first to its last step (two points), not 4 points, not a ramp between batch starts
     steps = make_run("collapse", n_steps=120, seed=1, rows_per_batch=4).steps
     fig = charts.build_figure([charts.RunSeries("r", steps)], ema_weight=0.0)
     reward = next(t for t in fig.data if t.name == f"r · {C.REWARD_MEAN}")
-    assert list(reward.x) == [*range(0, 120, 4), 119]
+    firsts = list(range(0, 120, 4))
+    expected_x = [x for b in firsts for x in (b, b + 3)]
+    assert list(reward.x) == expected_x
     batch_first = steps[C.REWARD_MEAN].to_numpy()[::4]
-    assert list(reward.y[:-1]) == pytest.approx(batch_first.tolist())
+    assert list(reward.y[::2]) == pytest.approx(batch_first.tolist())
+    assert list(reward.y[1::2]) == pytest.approx(batch_first.tolist())
     entropy = next(t for t in fig.data if t.name == f"r · {C.ENTROPY}")
     assert len(entropy.x) == 120  # a per-update signal keeps every step
+
+
+def test_streamlit_run_by_hand_binds_loopback_and_sends_no_statistics(tmp_path: Path) -> None:
+    """``streamlit run dashboard/app.py`` from the repository root (the documented form without
+    the CLI) listens on 127.0.0.1 only and reports no usage statistics, as the CLI does."""
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    write_run(tmp_path / "exp1", 5)
+    cmd = [sys.executable, "-m", "streamlit", "run", "dashboard/app.py", "--server.port", str(port)]
+    proc = subprocess.Popen(
+        [*cmd, "--", str(tmp_path)],
+        cwd=ROOT_DIR,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read().decode()
+                assert time.monotonic() < deadline, "streamlit did not start"
+                time.sleep(0.5)
+        listening = subprocess.run(
+            ["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=False
+        ).stdout
+        if listening.strip():  # (ss present): only the loopback address
+            assert all("127.0.0.1:" in line for line in listening.strip().splitlines()), listening
+        import tomllib
+
+        cfg = tomllib.loads((ROOT_DIR / ".streamlit" / "config.toml").read_text())
+        assert cfg["browser"]["gatherUsageStats"] is False
+        assert cfg["server"]["address"] == "127.0.0.1"
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=15)
