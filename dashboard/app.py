@@ -276,9 +276,26 @@ def render_drilldown(runs: list[sources.LiveRun]) -> None:
         return
     key = f"lld_drill_step:{name}"
     kept = st.session_state.get(f"{key}:kept")
-    _restore(key, kept if kept in steps else steps[-1])  # a chosen step stays chosen
-    step = st.selectbox("Step", steps[::-1], key=key, on_change=_keep, args=(key,))
+    summary = {s: live.token_summary(int(s)) for s in steps}
+    # it opens on the step with the most displaced correct responses (the latest of those)
+    most = max(steps, key=lambda s: (summary[s][2], summary[s][1], s))
+    _restore(key, kept if kept in steps else most)  # a chosen step stays chosen
+    step = st.selectbox(
+        "Step (sampled responses: correct, of them displaced)",
+        steps[::-1],
+        key=key,
+        on_change=_keep,
+        args=(key,),
+        format_func=lambda s: _step_label(int(s), summary[s]),
+    )
     render_step_tokens(live, int(step))
+
+
+def _step_label(step: int, summary: tuple[int, int, int]) -> str:
+    """``step 32 · 3 correct, 2 displaced (of 4 sampled)`` for the drill-down's step picker."""
+    n, correct, displaced = summary
+    mark = " ▼" if displaced else ""
+    return f"step {step} · {correct} correct, {displaced} displaced (of {n} sampled){mark}"
 
 
 def render_step_tokens(live: sources.LiveRun, step: int) -> None:

@@ -594,6 +594,19 @@ class LiveRun:
             return []
         return list(self._run.token_steps())
 
+    def token_summary(self, step: int) -> tuple[int, int, int]:
+        """(responses, correct, correct displaced) of ``step``'s token samples (cached: a
+        step's samples are written once)."""
+        cache = self.__dict__.setdefault("_token_summaries", {})
+        if step not in cache:
+            from dashboard import tokens as tok
+
+            try:
+                cache[step] = tok.step_summary(self.tokens(step))
+            except (OSError, ValueError):
+                return (0, 0, 0)
+        return cache[step]
+
     def tokens(self, step: int) -> pd.DataFrame:
         """The token samples of ``step`` (columns.TOKEN_COLUMNS)."""
         if self._run is None:

@@ -186,3 +186,15 @@ def legend_html(scale: float) -> str:
         f'<span style="{ACTION_STYLE}">A0</span> action start · '
         f'<span style="{GAP_STYLE}">…</span> positions not sampled</div>'
     )
+
+
+def step_summary(tokens: pd.DataFrame) -> tuple[int, int, int]:
+    """(responses, correct ones, correct ones displaced) among a step's sampled responses; a
+    correct response is displaced when the summed change of its shown generated tokens is
+    negative (the run log's bounded sample: a display count, not the metric)."""
+    table = response_table(tokens)
+    if table.empty:
+        return 0, 0, 0
+    correct = table[C.TOK_CORRECT].fillna(0).astype(float) > 0
+    change = pd.to_numeric(table["change (shown tokens)"], errors="coerce")
+    return len(table), int(correct.sum()), int((correct & (change < 0)).sum())

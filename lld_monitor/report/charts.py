@@ -457,7 +457,13 @@ def build_figure(
         shapes=shapes,
         annotations=annotations,
         height=200 * len(PANELS) + 90 + 40 * len(runs) + (40 if title else 0),
-        margin={"l": _lane_margin(runs), "r": 10, "t": 70 if title else 40, "b": 40},
+        # (several runs: room above the strip for the legend's rows of run names)
+        margin={
+            "l": _lane_margin(runs),
+            "r": 10,
+            "t": (70 if title else 40) + (0 if single else 22 * math.ceil(len(runs) / 3)),
+            "b": 40,
+        },
         hovermode="x unified",
         barmode="overlay",
         showlegend=not single,
@@ -588,10 +594,12 @@ def _run_traces(
             smoothed = ema_weight > 0.0 and not state
             common = {
                 "type": "scatter",
-                "mode": "lines+markers"
+                # every curve carries its points (invisible on a dense one): a click anywhere on
+                # it selects a step, whose tokens the dashboard then shows
+                "mode": "lines+markers",
+                "marker": {"size": 4}
                 if len(compress_repeats(x_col, y_all)[0]) <= 60
-                else "lines",
-                "marker": {"size": 4},
+                else {"size": 6, "opacity": 0.0},
                 "legendgroup": run.name,
                 "showlegend": False,
                 "xaxis": f"x{row}",

@@ -54,7 +54,11 @@ def test_offline_alerts_equal_the_online_replay():
 def test_to_dict_has_exactly_the_json_schema():
     a = analyze_run(make_run("collapse", seed=45).steps)
     d = json.loads(json.dumps(a.to_dict()))
-    assert set(d) == {"phases", "alerts", "collapse_step", "signals"}
+    assert set(d) == {"phases", "alerts", "collapse_step", "collapse", "signals"}
+    assert d["collapse"]["reward_fell"] == d["collapse_step"]
+    # the phase starts before (or where) the reward falls; the online alert comes at or after
+    seg = next(p for p in d["phases"] if p["phase"] == "collapse")
+    assert d["collapse"]["phase_start"] == seg["start_step"] <= d["collapse_step"]
     assert all(set(p) == {"phase", "start_step", "end_step"} for p in d["phases"])
     assert all(set(x) == {"step", "kind", "severity", "message"} for x in d["alerts"])
     assert set(d["signals"]) == {"used", "missing"}

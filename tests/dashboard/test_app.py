@@ -694,13 +694,18 @@ def test_drilldown_step_stays_chosen_when_new_samples_arrive(
     w.log_tokens(one, step=45)
     at = make_app(monkeypatch, tmp_path).run()
     step_box = at.selectbox(key="lld_drill_step:exp1")
-    assert step_box.options == ["45", "40"] and step_box.value == 45  # newest first
-    step_box.set_value(40).run()
+    # newest first, each step with its sampled responses; it opens on the step with the most
+    # displaced correct responses (step 40's response is correct with a negative change; 45's
+    # sample says nothing of correctness)
+    assert [o.split(" · ")[0] for o in step_box.options] == ["step 45", "step 40"]
+    assert step_box.options[1].startswith("step 40 · 1 correct, 1 displaced")
+    assert step_box.value == 40
+    step_box.set_value(45).run()
     w.log_tokens(one, step=48)
     at.run()
     step_box = at.selectbox(key="lld_drill_step:exp1")
-    assert step_box.options == ["48", "45", "40"]
-    assert step_box.value == 40  # the user's choice, not the newest step
+    assert [o.split(" · ")[0] for o in step_box.options] == ["step 48", "step 45", "step 40"]
+    assert step_box.value == 45  # the user's choice, not the newest or the most displaced
     w.close()
 
 

@@ -300,3 +300,187 @@ def test_run_picker_shows_triage_badges_worst_first_in_chromium(tmp_path: Path) 
             page.get_by_text("🟢 a-healthy · healthy").first.wait_for(timeout=30_000)
         finally:
             browser.close()
+
+
+def _chart_run(root: Path, name: str = "main") -> Path:
+    """200 steps: noisy reward with a dead tail (exactly 0 from step 171), grad norm 0 there,
+    lambda 0 then exactly 0.2 from step 120, logp_correct missing at steps 100-199 (nothing
+    correct sampled), a critical collapse alert at 73 and a later warning, tokens at 60 and 150."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    w = RunWriter(root / name, fsync_every_s=0)
+    for s in range(1, 201):
+        dead = s > 170
+        row = {
+            C.STEP: s,
+            C.REWARD_MEAN: 0.0 if dead else float(0.3 + 0.05 * rng.standard_normal()),
+            C.GRAD_NORM: 0.0 if dead else float(1.0 + rng.random()),
+            C.LLDS_LAMBDA: 0.2 if s >= 120 else 0.0,
+            C.LLDS_ENABLED: 1.0 if s >= 120 else 0.0,
+            C.ENTROPY: 0.8,
+        }
+        if not 100 <= s <= 199:
+            row[C.LOGP_CORRECT] = -0.3 - 0.001 * s
+        w.log_step(row)
+    w.log_event(make_event("alert", 73, "collapse", "reward fell to zero", "critical"))
+    w.log_event(make_event("alert", 162, "mode_collapse", "identical groups", "warning"))
+    for step in (60, 150):
+        w.log_tokens(
+            [
+                {
+                    C.TOK_RESPONSE: 0,
+                    C.TOK_POSITION: i,
+                    C.TOK_TEXT: text,
+                    C.TOK_ACTION: 0,
+                    C.TOK_GENERATED: 1,
+                    C.TOK_DELTA: delta,
+                    C.TOK_REWARD: 1.0,
+                    C.TOK_CORRECT: 1,
+                    C.TOK_ADVANTAGE: 0.5,
+                }
+                for i, (text, delta) in enumerate([(f"tok{step}", -0.4), ("next", 0.1)])
+            ],
+            step=step,
+        )
+    w.close()
+    return root / name
+
+
+def _full_trace(page, name: str) -> dict:
+    """plotly's decoded trace ``name`` of the page's chart (x, y as plain lists, line shape)."""
+    return page.evaluate(
+        """(name) => {
+          const g = document.querySelector('.js-plotly-plot');
+          const t = g._fullData.find(d => d.name === name);
+          if (!t) return null;
+          return {x: Array.from(t.x), y: Array.from(t.y, v => (v === null ? NaN : v)),
+                  shape: t.line ? t.line.shape : null};
+        }""",
+        name,
+    )
+
+
+def _wait_chart(page) -> None:
+    page.wait_for_function(
+        "() => { const g = document.querySelector('.js-plotly-plot');"
+        " return g && g._fullData && g._fullData.length > 0; }",
+        timeout=60_000,
+    )
+
+
+def _value_at(trace: dict, step: float) -> float:
+    """What the drawn line shows at ``step`` (hv: the last point's value; else linear)."""
+    xs, ys = trace["x"], trace["y"]
+    for i, x in enumerate(xs):
+        if x == step:
+            return ys[i]
+        if x > step:
+            if trace["shape"] == "hv":
+                return ys[i - 1]
+            a, b = ys[i - 1], ys[i]
+            return a + (b - a) * (step - xs[i - 1]) / (x - xs[i - 1])
+    return ys[-1]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (make browser)")
+def test_charts_draw_the_truth_in_chromium(tmp_path: Path) -> None:
+    """Issue 33's checks in a real browser: lambda 0.2 drawn at 0.2 and its switch as a step (in
+    the dashboard and in the HTML report), a dead tail drawn at 0, a 100-step gap drawn as a
+    gap, the header naming the critical alert, a click on a dense reward curve opening that
+    step's tokens, four runs' lanes with their full names, and a root holding a broken run and a
+    1e18-step run still rendering the others."""
+    import math as m
+    import urllib.parse
+
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.importers import load_table
+    from lld_monitor.report import write_report
+
+    root = tmp_path / "runs"
+    main = _chart_run(root)
+    long_names = [f"lane-{i}-a-rather-long-run-name-for-the-strip-seed{i}" for i in range(4)]
+    for n in long_names:
+        w = RunWriter(root / n, fsync_every_s=0)
+        for s in range(1, 21):
+            w.log_step(_row(s))
+        w.close()
+    bad = root / "zz-bad-meta"
+    bad.mkdir()
+    (bad / "meta.json").write_text("{not json")
+    (bad / "steps.jsonl").write_text('{"step": 1, "reward_mean": 0.1}\n')
+    huge = RunWriter(root / "zz-huge-steps", fsync_every_s=0)
+    for s in (1, 2, 10**18):
+        huge.log_step({C.STEP: s, C.REWARD_MEAN: 0.1})
+    huge.close()
+    report = write_report(load_table(main), analyze_run(main), tmp_path / "main.html")
+
+    def url_for(base: str, *runs: str) -> str:
+        return base + "/?" + urllib.parse.urlencode([("run", r) for r in runs])
+
+    with _serve(root) as base, sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2400})
+            page.goto(url_for(base, "main"), wait_until="domcontentloaded")
+            # the header's worst alert is a critical collapse (the live one at 73 or the
+            # analyzer's at the dead tail, the latest of the critical ones), not the later warning
+            page.get_by_text("Worst alert").first.wait_for(timeout=60_000)
+            page.get_by_text("collapse (critical) at step").first.wait_for(timeout=60_000)
+            assert page.get_by_text("mode_collapse (warning) at step 162:").count() == 0
+            _wait_chart(page)
+            lam = _full_trace(page, f"main · {C.LLDS_LAMBDA}")
+            assert lam["shape"] == "hv"
+            assert _value_at(lam, 119) == 0.0 and _value_at(lam, 120) == 0.2
+            assert all(v == 0.2 for x, v in zip(lam["x"], lam["y"]) if x >= 120)
+            reward = _full_trace(page, f"main · {C.REWARD_MEAN}")  # the smoothed line
+            assert [_value_at(reward, s) for s in (171, 185, 200)] == [0.0, 0.0, 0.0]
+            for name in (f"main · {C.LOGP_CORRECT}", f"main · {C.LOGP_CORRECT} (raw)"):
+                logp = _full_trace(page, name)
+                inside = [v for x, v in zip(logp["x"], logp["y"]) if 99 < x < 200]
+                assert inside and all(m.isnan(v) for v in inside), name  # a break, no line
+            page.screenshot(path=str(ARTIFACTS / "dashboard-truth-one-run.png"), full_page=True)
+
+            # a click on the dense reward curve (200 points) at step 150 opens its tokens
+            plot = page.locator(".js-plotly-plot").first
+            x, y = plot.evaluate(CLICK_TARGET_JS, [f"main · {C.REWARD_MEAN} (raw)", 150])
+            page.mouse.move(x, y)
+            page.mouse.click(x, y)
+            page.get_by_text("Tokens of step 150 · main").wait_for(timeout=30_000)
+            assert "tok150" in page.locator(".lld-tok").all_inner_texts()
+            # the drill-down opens on the step with displaced correct responses, marked
+            page.get_by_role("tab", name="Drill-down").click()
+            picker = page.locator('[data-testid="stSelectbox"] input').first
+            picker.wait_for(timeout=30_000)
+            assert picker.input_value() == "step 150 · 1 correct, 1 displaced (of 1 sampled) ▼"
+
+            # four runs: each lane carries its full name
+            page.goto(url_for(base, *long_names), wait_until="domcontentloaded")
+            _wait_chart(page)
+            page.wait_for_function(
+                "(n) => { const g = document.querySelector('.js-plotly-plot');"
+                " return g && g.layout.yaxis.ticktext && g.layout.yaxis.ticktext.length === n; }",
+                arg=len(long_names),
+                timeout=60_000,
+            )
+            ticks = page.evaluate(
+                "() => document.querySelector('.js-plotly-plot').layout.yaxis.ticktext"
+            )
+            assert [t.replace("<br>", "") for t in ticks] == long_names
+            page.screenshot(path=str(ARTIFACTS / "dashboard-truth-four-runs.png"), full_page=True)
+
+            # a broken run and a 1e18-step run beside a good one: the good one still renders
+            page.goto(url_for(base, "zz-bad-meta", "zz-huge-steps", "main"))
+            page.get_by_text("cannot be shown").first.wait_for(timeout=60_000)
+            _wait_chart(page)
+            assert _full_trace(page, f"main · {C.LLDS_LAMBDA}") is not None
+            assert page.get_by_text("Traceback").count() == 0
+
+            # the HTML report draws the same: lambda as a step at exactly 0.2
+            page.goto(report.as_uri(), wait_until="load")
+            _wait_chart(page)
+            lam = _full_trace(page, f"main · {C.LLDS_LAMBDA}")
+            assert lam["shape"] == "hv" and _value_at(lam, 150) == 0.2
+            assert _value_at(lam, 100) == 0.0
+        finally:
+            browser.close()
