@@ -1,4 +1,5 @@
-"""Screenshots of the dashboard for docs/dashboard.md: one run, four runs compared, a live run.
+"""Screenshots of the dashboard for docs/dashboard.md: one run, four runs compared, a live run,
+the drill-down of a trained toy run.
 
     python scripts/dashboard_screenshots.py [OUT_DIR]     # default: docs/img
 
@@ -40,6 +41,10 @@ COMPARED = (
 )
 
 
+#: The stored toy run whose token samples the drill-down screenshot shows.
+DRILL_RUN = "toy-llds-off-seed0"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -77,6 +82,8 @@ def main(argv: list[str]) -> int:
     root = Path(tempfile.mkdtemp(prefix="lld_shots_"))
     for name, kind, seed in COMPARED:
         write_run(make_run(kind, n_steps=260, seed=seed), root / name)
+    # a trained toy run with token samples, for the drill-down
+    shutil.copytree(REPO / "sample_runs" / "real" / DRILL_RUN, root / DRILL_RUN)
     live_rows = _rows("collapse", 7, 240)
     live = RunWriter(root / "live-run", meta={"simulated": True}, fsync_every_s=0)
     for row in live_rows[:120]:
@@ -130,6 +137,13 @@ def main(argv: list[str]) -> int:
                     path=str(out_dir / file_name), full_page=False
                 )  # Streamlit scrolls inside the page: a tall viewport
                 print(f"wrote {out_dir / file_name}")
+            page.goto(url + f"/?run={DRILL_RUN}", wait_until="domcontentloaded")
+            page.get_by_role("tab", name="Drill-down").click()
+            page.locator(".lld-tok:visible").first.wait_for(timeout=60_000)
+            time.sleep(1)
+            page.set_viewport_size({"width": 1400, "height": 1500})
+            page.screenshot(path=str(out_dir / "dashboard-drilldown.png"), full_page=False)
+            print(f"wrote {out_dir / 'dashboard-drilldown.png'}")
             browser.close()
     finally:
         stop.set()
