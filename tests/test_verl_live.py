@@ -283,7 +283,7 @@ def ray_run(tmp_path_factory):
     pytest.importorskip("ray")
     pytest.importorskip("fastapi")  # verl's worker module imports it; verl does not declare it
     sys.path.insert(0, str(REPO))
-    from dashboard import sources
+    from lld_monitor.report.dashboard import sources
 
     out = tmp_path_factory.mktemp("verl_live")
     run_dir = out / "run"

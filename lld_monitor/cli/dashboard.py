@@ -1,12 +1,11 @@
 """``lld-monitor dashboard [ROOT | RUN ...]``: start the Streamlit dashboard on 127.0.0.1.
 
-Runs ``python -m streamlit run dashboard/app.py -- PATHS`` as a child process. The app lives in
-the top-level ``dashboard/`` folder beside the package (an editable install or a source checkout);
-another listen address than loopback is used only when asked, with a warning. The listen address
-is checked before Streamlit starts (a name that does not resolve, a port in use: one line, exit
-2). Ctrl+C, SIGTERM and SIGHUP sent to this process stop the server: they are passed on to the
-child, which is killed if it has not exited 10 s later; on Linux the child also gets SIGTERM when
-this process dies without a word (SIGKILL).
+Runs ``python -m streamlit run <package>/dashboard/app.py -- PATHS`` as a child process (the
+page ships in the package: a wheel install has it); another listen address than loopback is used
+only when asked, with a warning. The listen address is checked before Streamlit starts (a name
+that does not resolve, a port in use: one line, exit 2). Ctrl+C, SIGTERM and SIGHUP sent to this
+process stop the server: they are passed on to the child, which is killed if it has not exited
+10 s later; on Linux the child also gets SIGTERM when this process dies without a word (SIGKILL).
 """
 
 from __future__ import annotations
@@ -32,15 +31,16 @@ STOP_SIGNALS = tuple(
 
 
 def find_app() -> Path:
-    """Path of ``dashboard/app.py`` beside the ``lld_monitor`` package; a clear error without it."""
-    package_dir = Path(__file__).resolve().parent.parent  # .../lld_monitor
-    app = package_dir.parent / "dashboard" / "app.py"
+    """Path of the dashboard page, ``lld_monitor/report/dashboard/app.py``: part of the package,
+    so an installed wheel has it as much as a checkout does; a clear error if it is missing."""
+    from importlib import resources
+
+    app = Path(str(resources.files("lld_monitor.report.dashboard") / "app.py"))
     if app.is_file():
         return app
     raise FileNotFoundError(
-        f"dashboard app not found at {app}: the dashboard ships with the source tree; install "
-        "lld_monitor in editable mode from a checkout (pip install -e .) or run "
-        "`streamlit run <checkout>/dashboard/app.py -- ROOT`"
+        f"dashboard page not found at {app}: the lld_monitor install is incomplete; reinstall "
+        "it (pip install --force-reinstall lld_monitor)"
     )
 
 

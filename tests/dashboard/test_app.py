@@ -25,8 +25,9 @@ from lld_monitor.runlog import RunWriter
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest
 
-from dashboard import charts, sources
-from dashboard import tokens as tok
+from lld_monitor.report import charts
+from lld_monitor.report.dashboard import sources
+from lld_monitor.report.dashboard import tokens as tok
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 TIMEOUT = 60
@@ -532,7 +533,7 @@ def test_command_defaults_to_loopback(tmp_path: Path) -> None:
     assert line[line.index("--server.address") + 1] == "127.0.0.1"
     assert line[line.index("--server.port") + 1] == "8501"
     assert line[line.index("--") + 1] == str(tmp_path.resolve())
-    assert cmd.find_app() == APP
+    assert cmd.find_app() == ROOT_DIR / "lld_monitor" / "report" / "dashboard" / "app.py"
     assert cmd.is_loopback("127.0.0.2") and cmd.is_loopback("::1")
     assert not cmd.is_loopback("0.0.0.0") and not cmd.is_loopback("example.org")
 

@@ -24,8 +24,7 @@ import pandas as pd
 
 from lld_monitor import columns as C
 from lld_monitor import runlog
-
-from .charts import Band, Marker
+from lld_monitor.report.charts import Band, Marker
 
 #: File names and suffixes worth asking ``importers.detect_format`` about when scanning ROOT.
 FOREIGN_SUFFIXES: frozenset[str] = frozenset(
@@ -599,7 +598,7 @@ class LiveRun:
         step's samples are written once)."""
         cache = self.__dict__.setdefault("_token_summaries", {})
         if step not in cache:
-            from dashboard import tokens as tok
+            from lld_monitor.report.dashboard import tokens as tok
 
             try:
                 cache[step] = tok.step_summary(self.tokens(step))
@@ -645,10 +644,10 @@ _VERDICTS: dict[str, tuple[tuple[float, int], float, Any]] = {}  # path -> (stat
 
 
 def run_verdict(target: Target) -> Any:
-    """The triage verdict of ``target`` (``lld_monitor.cli.triage.RunVerdict``, named as the
+    """The triage verdict of ``target`` (``lld_monitor.analysis.triage.RunVerdict``, named as the
     picker names it), the same one ``lld-monitor analyze DIR`` prints; cached until the run's
     files change, and then for at least ``VERDICT_REFRESH_S``. Never raises."""
-    from lld_monitor.cli import triage
+    from lld_monitor.analysis import triage
 
     try:
         key = _stat_key(target.path)
@@ -667,7 +666,7 @@ def run_verdict(target: Target) -> Any:
 def verdict_order(names: Sequence[str], verdicts: dict[str, Any]) -> list[str]:
     """``names`` sorted as the triage table sorts runs: worst verdict first, then the latest
     worst alert, then by name."""
-    from lld_monitor.cli import triage
+    from lld_monitor.analysis import triage
 
     return sorted(names, key=lambda n: triage.sort_key(verdicts[n]))
 

@@ -1,0 +1,208 @@
+"""Triage of a folder of many runs: one verdict per run, the worst first (``lld-monitor analyze
+DIR`` prints it, ``cli/triage.py``; the dashboard's run picker shows it).
+
+"Which of my 40 runs are in trouble, and since when?" Every run under the folder (our run folders,
+TRL output folders, W&B / TensorBoard / trainer_state / console logs, notebooks, mixed) is loaded
+and analysed on its own; each gets a verdict (``collapsed``: a critical collapse alert or a
+collapse step; ``critical`` / ``warning``: its worst alert; ``healthy``; ``unreadable``: with its
+error, which never stops the rest), its worst alert with the step, its phase at the end, its last
+step and format. Sorted by verdict, then by the step of the worst alert's first sighting (the
+latest first), then by name.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from lld_monitor import columns as C
+
+#: Verdicts, worst first (the sort order of the table).
+VERDICTS: tuple[str, ...] = (
+    "collapsed",
+    "critical",
+    "warning",
+    "healthy",
+    "unreadable",
+    "skipped",
+)
+#: Entries that are never runs: caches, and W&B's own debug logs beside its run folders.
+_NOT_RUNS = frozenset({"__pycache__", "debug.log", "debug-internal.log", "debug-core.log"})
+_NO_ROWS = "found no training rows with a known metric"  # (load_table's message)
+#: Suffixes of loose files taken for runs (listed as unreadable when they do not read).
+LOG_SUFFIXES = frozenset({".json", ".jsonl", ".csv", ".ipynb", ".parquet", ".wandb"})
+#: Suffixes of loose files taken for runs only when their content is a known log format (a
+#: console log, a terminal capture in markdown, a TSV export), so a README, a notes file or a
+#: library's debug log is not listed.
+MAYBE_LOG_SUFFIXES = frozenset({".log", ".out", ".md", ".txt", ".tsv"})
+
+
+@dataclass
+class RunVerdict:
+    """One run's line of the triage table."""
+
+    name: str
+    path: str
+    verdict: str
+    format: str | None = None
+    rows: int = 0
+    last_step: int | None = None
+    phase: str | None = None
+    worst: dict[str, Any] | None = None  # {"kind", "severity", "step", "message"}
+    error: str | None = None
+    alert_severities: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "path": self.path,
+            "verdict": self.verdict,
+            "format": self.format,
+            "rows": self.rows,
+            "last_step": self.last_step,
+            "phase": self.phase,
+            "worst_alert": self.worst,
+            "alerts": len(self.alert_severities),
+            "error": self.error,
+        }
+
+
+def is_collection_of_runs(path: Path) -> bool:
+    """A folder of runs, or one file that holds several runs (a W&B panel export)."""
+    if path.is_file():
+        from lld_monitor.importers.formats import runs_in_file
+
+        return len(runs_in_file(path)) > 1
+    return is_folder_of_runs(path)
+
+
+def is_folder_of_runs(path: Path) -> bool:
+    """True for a folder that is not itself one run but holds runs (``candidates`` finds one or
+    more): the folder of a night's sweep, of several output folders, of log files."""
+    from lld_monitor.importers.formats import _is_run_dir
+    from lld_monitor.importers.wandb_run import is_wandb_run_dir
+
+    if not path.is_dir() or _is_run_dir(path) or is_wandb_run_dir(path):
+        return False
+    if any((path / f).is_file() for f in ("trainer_state.json", "meta.json", "steps.jsonl")):
+        return False  # one run (a broken run folder too: its analysis says what is amiss)
+    if any("tfevents" in p.name for p in path.iterdir() if p.is_file()):
+        return False  # TensorBoard events right here: one run
+    return bool(candidates(path))
+
+
+def candidates(root: Path) -> list[Path]:
+    """The runs under ``root``: our run folders (at any depth), and each other entry directly in
+    it that reads as one run (a TRL output folder, a TensorBoard folder, a log file)."""
+    from lld_monitor.importers import ImportFormatError, detect
+    from lld_monitor.runlog import find_runs
+
+    found = {p.resolve(): p for p in find_runs(root)}
+    covered = set(found)
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith(".") or entry.name in _NOT_RUNS:
+            continue
+        if entry.resolve() in covered or any(r.is_relative_to(entry.resolve()) for r in covered):
+            continue
+        suffix = entry.suffix.lower()
+        if entry.is_file() and suffix not in LOG_SUFFIXES:
+            if suffix not in MAYBE_LOG_SUFFIXES:
+                continue
+            try:
+                detect(entry, complete=False)
+            except ImportFormatError:
+                continue
+        if entry.is_dir():
+            try:
+                detect(entry, complete=False)
+            except ImportFormatError:
+                continue  # (a folder with no run in it: not a candidate)
+        found[entry.resolve()] = entry
+    return sorted(found.values())
+
+
+def triage_one(path: Path, root: Path, run: str | None = None) -> RunVerdict:
+    """Load and analyse one run (``run``: one of the runs a file holds); never raises (an
+    unreadable run gets its error)."""
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.importers import load_table
+
+    name = str(path.relative_to(root)) if path.is_relative_to(root) else path.name
+    if run is not None:
+        name = f"{name} [{run}]"
+    try:
+        df = load_table(path, run=run)
+        analysis = analyze_run(df)
+    except Exception as exc:  # one bad run never stops the triage: its line says why
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        if path.is_file() and _NO_ROWS in message:
+            # a loose file that reads but logs no training metric (a config, a timing file)
+            return RunVerdict(name, str(path), "skipped", error=message)
+        return RunVerdict(name, str(path), "unreadable", error=message)
+    alerts = list(analysis.alerts)
+    rank = {s: i for i, s in enumerate(C.SEVERITIES)}
+    severe = [a for a in alerts if a.severity in ("warning", "critical")]
+    worst = None
+    if severe:
+        top = max(rank[a.severity] for a in severe)
+        first = next(a for a in severe if rank[a.severity] == top)
+        worst = {
+            "kind": first.kind,
+            "severity": first.severity,
+            "step": int(first.step),
+            "message": first.message,
+        }
+    collapsed = analysis.collapse_step is not None or any(
+        a.kind == "collapse" and a.severity == "critical" for a in alerts
+    )
+    verdict = "collapsed" if collapsed else (worst["severity"] if worst is not None else "healthy")
+    phases = list(analysis.phases)
+    return RunVerdict(
+        name,
+        str(path),
+        verdict,
+        format=df.attrs.get("source_format"),
+        rows=len(df),
+        last_step=int(df[C.STEP].iloc[-1]) if len(df) else None,
+        phase=phases[-1].phase if phases else None,
+        worst=worst,
+        alert_severities=[a.severity for a in alerts],
+    )
+
+
+def sort_key(v: RunVerdict) -> tuple[int, int, str]:
+    step = v.worst["step"] if v.worst else -1
+    return (VERDICTS.index(v.verdict), -step, v.name)
+
+
+def triage(root: Path, *, progress: TextIO | None = None) -> list[RunVerdict]:
+    """Every run under ``root`` (a folder, or a file that holds several runs: a W&B export of
+    several runs), analysed and sorted worst first (loose files that read but log
+    no training metric, a config or a timing file, come last as ``skipped``). ``progress``: a
+    stream that gets a progress line once the triage has taken more than a second."""
+    from lld_monitor.importers.formats import runs_in_file
+
+    entries: list[tuple[Path, str | None]] = []
+    for path in candidates(root) if root.is_dir() else [root]:
+        inner = runs_in_file(path) if path.is_file() else []
+        if inner:
+            entries.extend((path, r) for r in inner)
+        else:
+            entries.append((path, None))
+    base = root if root.is_dir() else root.parent
+    out: list[RunVerdict] = []
+    t0 = time.monotonic()
+    tty = progress is not None and progress.isatty()
+    shown = False
+    runs = entries
+    for i, (path, run) in enumerate(runs, start=1):
+        out.append(triage_one(path, base, run))
+        if progress is not None and time.monotonic() - t0 > 1.0:
+            end = "\r" if tty and i < len(runs) else "\n"
+            if tty or i == len(runs) or not shown:
+                progress.write(f"triage: {i}/{len(runs)} runs analysed{end}")
+                progress.flush()
+                shown = True
+    return sorted(out, key=sort_key)
