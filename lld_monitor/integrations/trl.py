@@ -473,6 +473,7 @@ class GRPOAdapter(TrainerAdapter):
             num_searches=searches,
             kl=kl,
             rewards_per_func=self._per_func(inputs.get(KEY_REWARDS_PER_FUNC)),
+            truncated=self._truncated(inputs),
         )
         gen_tag = inputs.get(KEY_GENERATION)
         gen = self._gens.get(int(gen_tag)) if gen_tag is not None else None
@@ -483,6 +484,29 @@ class GRPOAdapter(TrainerAdapter):
         if self.monitor.llds.enabled:
             loss = loss + self._llds(logps, old, adv, mask, gen, searches)
         return loss
+
+    def _truncated(self, inputs: dict[str, Any]) -> torch.Tensor | None:
+        """[B] bool, TRL's own rule for ``completions/clipped_ratio`` per response: the last
+        token of the completion is neither an end-of-sequence token nor the pad token (the
+        generation stopped at ``max_completion_length``). A completion whose mask TRL zeroed
+        (``mask_truncated_completions``) counts as cut. None when the ids are not there."""
+        ids = inputs.get("completion_ids")
+        if ids is None:
+            return None
+        tr = self.trainer
+        ends = list(getattr(tr, "eos_token_ids", None) or [])
+        proc = getattr(tr, "processing_class", None)
+        for tok_id in (getattr(proc, "eos_token_id", None), getattr(tr, "pad_token_id", None)):
+            if tok_id is not None:
+                ends.append(int(tok_id))
+        if getattr(proc, "pad_token_id", None) is not None:
+            ends.append(int(proc.pad_token_id))
+        if not ends:
+            return None
+        lengths = inputs["completion_mask"].sum(1).long()  # [B] tokens up to the end
+        last = ids.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]  # [B]
+        ended = torch.isin(last, torch.tensor(sorted(set(ends)), device=ids.device))
+        return (lengths == 0) | ~ended
 
     def _in_batch(self, gen: dict[str, Any], key: int, logps: torch.Tensor) -> None:
         """Measure a micro-batch of a reused rollout batch once: the first time the loss sees

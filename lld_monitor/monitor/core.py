@@ -341,6 +341,7 @@ class LLDMonitor:
         kl: torch.Tensor | None = None,
         completion_mask: torch.Tensor | None = None,
         rewards_per_func: Mapping[str, torch.Tensor] | None = None,
+        truncated: torch.Tensor | None = None,
     ) -> None:
         """Record a batch under the sampling policy; ``logp_old``, ``mask``, ``entropy`` are [B, L].
 
@@ -350,7 +351,8 @@ class LLDMonitor:
         tool feedback included; 0 on padding) lets the token samples show tool feedback.
         ``rewards`` [B] is the total reward (NaN = unscored); ``rewards_per_func`` maps each
         reward function's name to its raw rewards [B] (columns ``reward_fn/<name>``, and the
-        correctness rule's ``correct_reward`` / ``correct_fn``).
+        correctness rule's ``correct_reward`` / ``correct_fn``). ``truncated`` [B] bool marks
+        responses cut at the length cap (column ``frac_truncated``, the ``truncation`` alert).
         """
         with self.guard("observe_rollout"):
             self._last_rollout = rollout.observe_rollout(
@@ -366,6 +368,7 @@ class LLDMonitor:
                 kl=kl,
                 completion_mask=completion_mask,
                 rewards_per_func=rewards_per_func,
+                truncated=truncated,
             )
 
     def observe_reward_fn(self, name: str, rewards: torch.Tensor) -> None:

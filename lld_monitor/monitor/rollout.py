@@ -61,6 +61,7 @@ def observe_rollout(
     kl: torch.Tensor | None = None,
     completion_mask: torch.Tensor | None = None,
     rewards_per_func: Mapping[str, torch.Tensor] | None = None,
+    truncated: torch.Tensor | None = None,
 ) -> Rollout:
     """Fold a rollout batch into ``acc`` ([B, L] ``logp_old``/``mask``, [B] ``rewards``).
 
@@ -91,8 +92,19 @@ def observe_rollout(
     if not rule.judges(rewards, advantages, rewards_per_func):
         # nothing known about correctness: every response unscored (NaN), never "incorrect"
         rewards = torch.full((batch,), float("nan"), device=device)  # [B]
+    if truncated is not None and torch.as_tensor(truncated).numel() != batch:
+        raise ValueError(f"truncated must hold one flag per response ({batch}), got "
+                         f"{torch.as_tensor(truncated).numel()}")  # fmt: skip
     acc.add_rollout(
-        logp_old, mask, correct, rewards, entropy, kl, num_searches, rule_rewards=rule_r
+        logp_old,
+        mask,
+        correct,
+        rewards,
+        entropy,
+        kl,
+        num_searches,
+        rule_rewards=rule_r,
+        truncated=truncated,
     )
     return Rollout(
         logp_old,

@@ -44,6 +44,8 @@ FIELDS: tuple[Field, ...] = (
     Field("length_sum", SUM, "generated (non-tool) tokens"),
     Field("searches_sum", SUM),
     Field("searches_count", SUM),
+    Field("truncated_sum", SUM, "responses cut at the length cap (no end-of-sequence token)"),
+    Field("truncated_count", SUM, "responses whose truncation was known"),
     Field("grad_sum", SUM),
     Field("grad_count", SUM),
     Field("loss_sum", SUM),
@@ -133,8 +135,10 @@ class StepMetrics:
         kl: torch.Tensor | None,
         num_searches: torch.Tensor | None,
         rule_rewards: torch.Tensor | None = None,
+        truncated: torch.Tensor | None = None,
     ) -> None:
-        """Fold a rollout batch in: [B, L] ``logp_old``/``mask``, [B] ``correct``/``rewards``.
+        """Fold a rollout batch in: [B, L] ``logp_old``/``mask``, [B] ``correct``/``rewards``,
+        [B] bool ``truncated`` (cut at the length cap; None: not known).
 
         Unscored responses (reward NaN) count in ``n_resp`` (length, entropy) but not in the
         rewards, the judged responses or the confidence sums of either group.
@@ -176,6 +180,11 @@ class StepMetrics:
             names.append("searches_sum")
             vals.append(ns.sum())
             self.add("searches_count", float(ns.numel()))
+        if truncated is not None:
+            cut = torch.as_tensor(truncated, device=device).reshape(-1)
+            names.append("truncated_sum")
+            vals.append(cut.float().sum())
+            self.add("truncated_count", float(cut.numel()))
         self.add_group(tuple(names), [v.float() for v in vals])
         sums = displacement_sums(
             logp_old=logp_old, logp_new=None, mask=scored_mask, correct=correct
@@ -375,6 +384,8 @@ def row_from_sums(host: list[float], reward_fns: Sequence[str]) -> dict[str, Any
         row[C.FRAC_ZERO_STD_GROUPS] = s["zero_std_groups"] / s["n_groups"]
     if s["searches_count"] > 0:
         row[C.NUM_SEARCHES] = s["searches_sum"] / s["searches_count"]
+    if s["truncated_count"] > 0:
+        row[C.FRAC_TRUNCATED] = s["truncated_sum"] / s["truncated_count"]
     if s["loss_count"] > 0:
         row[C.LOSS] = s["loss_sum"] / s["loss_count"]
     if s["grad_count"] > 0:

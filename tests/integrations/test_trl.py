@@ -951,3 +951,27 @@ def test_checkpoint_state_that_is_not_json_does_not_fail_the_save(tmp_path: Any)
     with pytest.warns(UserWarning, match="without the monitor's state"):
         trainer.train(resume_from_checkpoint=str(tmp_path / "t" / "checkpoint-2"))
     assert load_run(tmp_path / "run").steps[C.STEP].tolist() == [1, 2, 3]
+
+
+def test_truncation_is_the_same_live_and_post_hoc(tmp_path: Any) -> None:
+    """Completions at the length cap: the live row's ``frac_truncated`` equals TRL's own
+    ``completions/clipped_ratio`` each step, and the live run and ``analyze`` on TRL's own
+    TensorBoard folder both raise the ``truncation`` warning."""
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.importers import load_table
+    from lld_monitor.runlog import load_run
+
+    monitor = LLDMonitor(tmp_path / "run")
+    trainer = make_grpo_trainer(
+        tmp_path / "tr", max_steps=40, max_completion_length=3, report_to="tensorboard"
+    )
+    monitor.attach(trainer)
+    trainer.train()
+    monitor.close()
+    trl_ratio = [h["completions/clipped_ratio"] for h in trainer.state.log_history if "loss" in h]
+    run = load_run(tmp_path / "run")
+    assert run.steps[C.FRAC_TRUNCATED].tolist() == pytest.approx(trl_ratio)
+    assert sum(trl_ratio) / len(trl_ratio) > 0.5  # a random tiny model rarely ends in 3 tokens
+    live = run.events[run.events[C.EVENT_TYPE] == "alert"][C.EVENT_KIND].tolist()
+    post_hoc = [a.kind for a in analyze_run(load_table(tmp_path / "tr")).alerts]
+    assert "truncation" in live and "truncation" in post_hoc
