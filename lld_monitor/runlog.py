@@ -86,6 +86,15 @@ class RunFormatError(ValueError):
     """A path that is not a readable run folder (missing, not a run, future schema, bad meta)."""
 
 
+class RunSummaryError(RunFormatError):
+    """A run folder kept as a summary: its metadata, events and end-of-run summary are there,
+    its step log (``steps.jsonl``) was not kept. Nothing to plot or analyse, by design."""
+
+
+#: Files that mark a finished run (its end-of-run record; the toy testbed's evaluation).
+SUMMARY_FILES: tuple[str, ...] = ("closed.json", "toy_summary.json")
+
+
 # --- plain JSON ---------------------------------------------------------------------------------
 
 
@@ -381,6 +390,13 @@ def _check_run_dir(path: Path) -> None:
             "for a foreign log (CSV, trainer_state.json, ...) use lld_monitor.load_table"
         )
     missing = [name for name in (META_FILE, STEPS_FILE) if not (path / name).is_file()]
+    if missing == [STEPS_FILE] and any((path / f).is_file() for f in SUMMARY_FILES):
+        kept = [f for f in (META_FILE, EVENTS_FILE, *SUMMARY_FILES) if (path / f).is_file()]
+        raise RunSummaryError(
+            f"{path} is a run summary, not a run log: it keeps {', '.join(kept)} but not "
+            f"{STEPS_FILE} (the step rows were not kept), so there is nothing to plot or "
+            "analyse; its events and summary can be read as files"
+        )
     if missing:
         hint = ""
         below = find_runs(path)

@@ -26,6 +26,7 @@ VERDICTS: tuple[str, ...] = (
     "warning",
     "healthy",
     "unreadable",
+    "summary",
     "skipped",
 )
 #: Entries that are never runs: caches, and W&B's own debug logs beside its run folders.
@@ -137,6 +138,13 @@ def triage_one(path: Path, root: Path, run: str | None = None) -> RunVerdict:
         analysis = analyze_run(df)
     except Exception as exc:  # one bad run never stops the triage: its line says why
         message = " ".join(str(exc).split()) or type(exc).__name__
+        from lld_monitor.runlog import RunSummaryError
+
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, RunSummaryError):
+            cause = cause.__cause__
+        if cause is not None:  # kept without its step rows, on purpose
+            return RunVerdict(name, str(path), "summary", error=str(cause))
         if path.is_file() and _NO_ROWS in message:
             # a loose file that reads but logs no training metric (a config, a timing file)
             return RunVerdict(name, str(path), "skipped", error=message)

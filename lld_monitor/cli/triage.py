@@ -43,7 +43,7 @@ __all__ = [
 
 def table_text(root: Path, verdicts: Sequence[RunVerdict]) -> str:
     """The triage as text: a count line, one line per run, then the skipped files."""
-    runs = [v for v in verdicts if v.verdict != "skipped"]
+    runs = [v for v in verdicts if v.verdict not in ("skipped", "summary")]
     counts = {k: sum(v.verdict == k for v in runs) for k in VERDICTS}
     head = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
     lines = [f"{root}: {len(runs)} runs ({head or 'none'})"]
@@ -61,6 +61,12 @@ def table_text(root: Path, verdicts: Sequence[RunVerdict]) -> str:
         lines.append(
             f"  {v.verdict:<10} {v.name:<{width}}  {worst:<28} {v.phase or '-':<11} "
             f"{last:>9}  {v.format}"
+        )
+    summaries = [v.name for v in verdicts if v.verdict == "summary"]
+    if summaries:
+        lines.append(
+            "  summaries (meta, events and end-of-run summary kept, no step rows): "
+            + ", ".join(summaries)
         )
     skipped = [v.name for v in verdicts if v.verdict == "skipped"]
     if skipped:

@@ -117,3 +117,33 @@ def test_a_wandb_export_of_two_runs_is_two_named_runs(tmp_path, capsys) -> None:
     assert "also there: run-b" in first.attrs["import_notes"][0]
     with pytest.raises(ImportFormatError, match="run-a, run-b"):
         load_table(path, run="zz")
+
+
+def test_every_sample_run_folder_loads_or_is_a_summary(capsys):
+    """Every folder under sample_runs/ with a meta.json is a run log that loads, or a run
+    summary (no step rows, on purpose) that the loader, analyze and the triage name as such."""
+    import pytest
+
+    from lld_monitor.cli import main
+    from lld_monitor.runlog import RunSummaryError, load_run
+
+    root = Path(__file__).resolve().parents[2] / "sample_runs"
+    summaries = []
+    for meta in sorted(root.rglob("meta.json")):
+        try:
+            assert len(load_run(meta.parent).steps) > 0, meta.parent
+        except RunSummaryError:
+            summaries.append(meta.parent)
+    assert len(summaries) == 11  # sample_runs/spiral_auto: kept without their step logs
+    assert all(p.parent.name == "spiral_auto" for p in summaries)
+    assert main(["analyze", str(summaries[0])]) == 2
+    assert "is a run summary, not a run log" in capsys.readouterr().err
+    verdicts = triage(root / "spiral_auto")
+    assert sorted(v.name for v in verdicts if v.verdict == "summary") == sorted(
+        p.name for p in summaries
+    )
+    with pytest.raises(RunSummaryError):
+        load_run(summaries[0])
+    assert main(["analyze", str(root / "spiral_auto")]) == 0
+    out = capsys.readouterr().out
+    assert "summaries (meta, events and end-of-run summary kept, no step rows):" in out
