@@ -56,3 +56,48 @@ def make_event(
         C.EVENT_MESSAGE: message,
         C.EVENT_EVIDENCE: dict(evidence or {}),
     }
+
+
+#: Packages whose frames a warning skips to reach the user's line: this one and the libraries it
+#: is called from during training (the trainer loop, its callbacks, torch).
+_INTERNAL_PACKAGES: tuple[str, ...] = (
+    "lld_monitor",
+    "transformers",
+    "trl",
+    "accelerate",
+    "torch",
+    "verl",
+    "ray",
+)
+
+
+def _internal_dirs() -> tuple[str, ...]:
+    """The folders of the imported ``_INTERNAL_PACKAGES`` (with a trailing separator)."""
+    import os
+    import sys
+
+    dirs = []
+    for name in _INTERNAL_PACKAGES:
+        mod = sys.modules.get(name)
+        path = getattr(mod, "__file__", None)
+        if path:
+            dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
+    return tuple(dirs)
+
+
+def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` pointing at the user's own line (the first frame outside this package
+    and the training libraries that call it), not at the package's code: the ``stacklevel`` is
+    counted, not guessed."""
+    import sys
+    import warnings
+
+    internal = _internal_dirs()
+    frame = sys._getframe(1)
+    level = 2  # stacklevel 2 is warn_user's caller
+    while frame is not None and frame.f_code.co_filename.startswith(internal):
+        frame = frame.f_back
+        level += 1
+    if frame is None:  # all internal (a thread the package started): the caller's line
+        level = 2
+    warnings.warn(message, category, stacklevel=level)

@@ -11,7 +11,6 @@ import inspect
 import json
 import math
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -21,6 +20,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from lld_monitor import columns as C
+from lld_monitor.events import warn_user
 
 #: Trainer methods this adapter wraps, with the leading parameters it relies on.
 WRAPPED_TRAINER_METHODS: dict[str, tuple[str, ...]] = {
@@ -130,12 +130,10 @@ class LLDMonitorCallback(TrainerCallback, ExportableState):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.adapter.monitor.closed:
-            warnings.warn(
+            warn_user(
                 "lld_monitor: this trainer's monitor was closed when the previous train() ended; "
                 "this train() runs unmonitored. Attach a new LLDMonitor (resume=True on the same "
-                "folder continues it)",
-                UserWarning,
-                stacklevel=2,
+                "folder continues it)"
             )
             return
         with self.adapter.hook("on_train_begin"):
@@ -314,13 +312,11 @@ class TrainerAdapter:
         """On a resume from a checkpoint, restore the monitor's state saved with it."""
         if state.global_step <= 0:
             if self.monitor.resumed_last_step is not None:
-                warnings.warn(
+                warn_user(
                     f"lld_monitor: the run folder {self.monitor.run_dir} already holds steps up "
                     f"to {self.monitor.resumed_last_step} but training starts from step 0: rows "
                     "of those steps will not be written again. Resume from a checkpoint, or give "
-                    "the monitor a new folder",
-                    UserWarning,
-                    stacklevel=2,
+                    "the monitor a new folder"
                 )
             return
         saved = (state.stateful_callbacks or {}).get(type(self.callback).__name__)
@@ -328,12 +324,10 @@ class TrainerAdapter:
             saved = saved[0] if saved else None
         lld_state = (saved or {}).get("attributes", {}).get("lld_state")
         if lld_state is None:
-            warnings.warn(
+            warn_user(
                 f"lld_monitor: training resumes at step {state.global_step} from a checkpoint "
                 "without the monitor's state (saved before the monitor was attached?): the LLDS "
-                "switch, detector and phase start afresh",
-                UserWarning,
-                stacklevel=2,
+                "switch, detector and phase start afresh"
             )
             return
         self.restore(lld_state)

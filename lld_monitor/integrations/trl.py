@@ -21,7 +21,6 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import math
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +29,7 @@ from packaging.version import Version
 from trl import GRPOTrainer
 
 from lld_monitor import columns as C
+from lld_monitor.events import warn_user
 from lld_monitor.integrations.transformers import (
     WRAPPED_TRAINER_METHODS,
     TrainerAdapter,
@@ -287,15 +287,13 @@ class GRPOAdapter(TrainerAdapter):
         rule = self.monitor.correctness
         rule.check_reward_names(names)
         if len(names) > 1 and not rule.explicit:
-            warnings.warn(
+            warn_user(
                 f"lld_monitor: this GRPOTrainer has {len(names)} reward functions {names} and "
                 f"no correctness rule: 'correct' means the weighted total reward >= "
                 f"correct_threshold={rule.threshold:g}. With a format reward beside an accuracy "
                 "reward that makes every response correct (or none). Pass correct_reward="
                 "'<the accuracy function>' (and correct_threshold) or correct_fn (docs/monitor.md, "
-                "'What correct means')",
-                UserWarning,
-                stacklevel=3,
+                "'What correct means')"
             )
         for name in names:  # the same on every rank, in this order
             if name not in self.monitor.reward_fn_names:
@@ -324,7 +322,7 @@ class GRPOAdapter(TrainerAdapter):
             return
         monitor = self.monitor
         if monitor.llds_with_dropout:
-            warnings.warn(f"lld_monitor: {problem}", UserWarning, stacklevel=4)
+            warn_user(f"lld_monitor: {problem}")
             return
         if monitor.llds.enabled:
             raise ValueError(
@@ -333,7 +331,7 @@ class GRPOAdapter(TrainerAdapter):
             )
         monitor.llds.blocked = f"{problem} (LLDMonitor(llds_with_dropout=True) forces it)"
         extra = " auto_llds will not switch LLDS on." if monitor.auto_llds else ""
-        warnings.warn(f"lld_monitor: {problem}.{extra}", UserWarning, stacklevel=4)
+        warn_user(f"lld_monitor: {problem}.{extra}")
 
     # -- wrappers -----------------------------------------------------------------------------
 

@@ -14,7 +14,6 @@ import logging
 import math
 import threading
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import torch
 
 from lld_monitor import columns as C
-from lld_monitor.events import Alert, make_event
+from lld_monitor.events import Alert, make_event, warn_user
 from lld_monitor.monitor import config as monitor_config
 from lld_monitor.monitor import distributed, llds_checks, rollout, step_metrics
 from lld_monitor.monitor import resume as resume_state
@@ -294,7 +293,7 @@ class LLDMonitor:
     def _on_llds_change(self, enabled: bool, lam: float, reason: str) -> None:
         msg = LLDSSwitch.change_message(enabled, lam, reason)
         if enabled and self.reuse_warning:
-            warnings.warn(self.reuse_warning, UserWarning, stacklevel=4)
+            warn_user(self.reuse_warning)
             msg += f"; {self.reuse_warning}"
         kind = "llds_enable" if enabled else "llds_disable"
         evidence = {"enabled": int(enabled), "lam": lam, "reason": reason}
@@ -592,7 +591,7 @@ class LLDMonitor:
             return
         logger.warning("lld_monitor: %s", msg)
         if self.rank == 0:
-            warnings.warn(msg, UserWarning, stacklevel=2)
+            warn_user(msg)
         evidence = {"rule_reward_max": self.threshold_watch.rule_max}
         step = int(row.get(C.STEP, self.step))
         self._emit("lifecycle", step, "no_correct_responses", msg, "warning", evidence)
@@ -619,10 +618,18 @@ class LLDMonitor:
         return [m for key, m, ev in problems if self._note_once(key, self.step, m, "warning", ev)]
 
     def _check_zero_std(self, row: Mapping[str, Any], step: int) -> None:
-        """Warn once when most prompt groups have zero reward variance: the gate rarely fires."""
+        """Warn once when most prompt groups have had zero reward variance for
+        ``ZERO_STD_ROWS`` rows in a row: the gate rarely fires (a first row like it is normal
+        in a run that starts at accuracy 0)."""
         frac = row.get(C.FRAC_ZERO_STD_GROUPS)
+        if frac is None:  # a row without groups neither extends nor breaks the streak
+            return
+        high = isinstance(frac, int | float) and frac >= llds_checks.ZERO_STD_WARN
+        self._zero_std_rows = getattr(self, "_zero_std_rows", 0) + 1 if high else 0
+        if self._zero_std_rows < llds_checks.ZERO_STD_ROWS:
+            return
         who = llds_checks.llds_subject(self.llds.enabled, self.auto_llds)
-        msg = llds_checks.zero_std_problem(who, frac, step)
+        msg = llds_checks.zero_std_problem(who, frac, step, self._zero_std_rows)
         if msg is not None:
             evidence = {C.FRAC_ZERO_STD_GROUPS: float(frac)}
             self._note_once("llds_check_zero_std", step, msg, "warning", evidence)

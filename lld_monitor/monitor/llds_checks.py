@@ -9,18 +9,20 @@ each one once per run: a log line, a ``lifecycle`` event keyed by the check, and
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lld_monitor import columns as C
-from lld_monitor.events import make_event
+from lld_monitor.events import make_event, warn_user
 
 logger = logging.getLogger("lld_monitor")
 
 #: ``frac_zero_std_groups`` of a rollout batch at or above which the monitor warns (once) that
 #: LLDS's gate rarely fires (most groups give every response advantage 0).
 ZERO_STD_WARN = 0.75
+#: ... for this many rows in a row: a run that starts at accuracy 0 (every group all-wrong at
+#: step 1, normal there) is not warned about until the condition persists.
+ZERO_STD_ROWS = 5
 
 #: Said once when a row's probes all found no log-prob that moved (its displacement columns are
 #: left out).
@@ -73,16 +75,18 @@ def can_act_problems(
     return problems
 
 
-def zero_std_problem(subject: str | None, frac: Any, step: int) -> str | None:
-    """The message when ``frac`` (a row's ``frac_zero_std_groups``) is >= ``ZERO_STD_WARN``."""
+def zero_std_problem(subject: str | None, frac: Any, step: int, rows: int = 1) -> str | None:
+    """The message when ``frac`` (a row's ``frac_zero_std_groups``) is >= ``ZERO_STD_WARN``
+    (``rows``: how many rows in a row it has been, said in the message when more than one)."""
     if subject is None or not (isinstance(frac, int | float) and frac >= ZERO_STD_WARN):
         return None
+    streak = f", and at least {ZERO_STD_WARN:.0%} for {rows} rows in a row," if rows > 1 else ""
     return (
         f"{subject}, but {frac:.0%} of the prompt groups of the rollout batch at step {step} have "
-        f"zero reward variance ({C.FRAC_ZERO_STD_GROUPS} >= {ZERO_STD_WARN}): their responses "
-        "get advantage 0 and no gradient, so LLDS's gate rarely fires. Use more generations "
-        "per prompt, a higher temperature, or prompts the policy solves sometimes (not "
-        "always or never); said once"
+        f"zero reward variance{streak} ({C.FRAC_ZERO_STD_GROUPS} >= {ZERO_STD_WARN}): their "
+        "responses get advantage 0 and no gradient, so LLDS's gate rarely fires. Use more "
+        "generations per prompt, a higher temperature, or prompts the policy solves sometimes "
+        "(not always or never); said once"
     )
 
 
@@ -104,20 +108,17 @@ class OnceNotes:
         message: str,
         severity: str,
         evidence: Mapping[str, Any],
-        stacklevel: int = 4,
     ) -> bool:
-        """Log, warn (``severity`` "warning") and record ``message`` unless ``key`` was said.
-
-        False when it was said before. ``stacklevel`` is passed to ``warnings.warn``.
-        """
+        """Log, warn (``severity`` "warning", at the user's line: ``events.warn_user``) and
+        record ``message`` unless ``key`` was said. False when it was said before."""
         if key in self.said:
             return False
         self.said.add(key)
+        # once on the console: a warning (at the user's line), the log at info level (a
+        # logger.warning as well would print it a second time through logging's last resort)
+        logger.info("lld_monitor: %s", message)
         if severity == "warning":
-            logger.warning("lld_monitor: %s", message)
-            warnings.warn(message, UserWarning, stacklevel=stacklevel)
-        else:
-            logger.info("lld_monitor: %s", message)
+            warn_user(message)
         with self._guard("llds check event"):
             self._emit(make_event("lifecycle", step, key, message, severity, dict(evidence)))
         return True

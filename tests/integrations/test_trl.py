@@ -209,11 +209,14 @@ def test_no_batch_reuse_warns_at_attach_and_at_enable(tmp_path: Any) -> None:
     # num_iterations=1, steps_per_generation=GA=1: every update sees pi_theta == pi_old.
     trainer = make_grpo_trainer(tmp_path / "tr", max_steps=1)
     monitor = LLDMonitor(tmp_path / "run", llds=LLDSConfig(), detector=None)
-    with pytest.warns(UserWarning, match="identically zero.*steps_per_generation"):
+    with pytest.warns(UserWarning, match="identically zero.*steps_per_generation") as said:
         monitor.attach(trainer)
+    # the warning points at the user's line (this test), not at the package's code
+    assert [w.filename for w in said if "identically zero" in str(w.message)] == [__file__]
     monitor.llds.disable()
-    with pytest.warns(UserWarning, match="identically zero"):
+    with pytest.warns(UserWarning, match="identically zero") as said:
         monitor.llds.enable()
+    assert {w.filename for w in said} == {__file__}
     monitor.close()
     # With reuse (two updates per batch) there is no warning.
     trainer = make_grpo_trainer(tmp_path / "tr2", max_steps=1, steps_per_generation=2)
@@ -914,14 +917,18 @@ def test_zero_reward_variance_warns_once_during_the_run(tmp_path: Any) -> None:
     # A reward that is always 0: every prompt group has zero variance, LLDS's gate cannot fire.
     monitor = LLDMonitor(tmp_path / "run", llds=LLDSConfig(), detector=None)
     trainer = make_grpo_trainer(
-        tmp_path / "tr", max_steps=4, steps_per_generation=2, reward_funcs=[reward_zero]
+        tmp_path / "tr", max_steps=12, steps_per_generation=2, reward_funcs=[reward_zero]
     )
     monitor.attach(trainer)  # LLDS on, batch reused, 4 generations: nothing to say yet
     assert _events(tmp_path / "run", "llds_check_zero_std").empty
-    with pytest.warns(UserWarning, match=r"100% of the prompt groups .* zero reward variance"):
+    with pytest.warns(UserWarning, match=r"100% of the prompt groups .* zero reward variance") as w:
         trainer.train()
+    said = [x for x in w if "zero reward variance" in str(x.message)]
+    assert len(said) == 1 and said[0].filename == __file__  # once, at the user's line
     notes = _events(tmp_path / "run", "llds_check_zero_std")
-    assert notes[C.EVENT_STEP].tolist() == [1]  # once, at the first rollout batch
+    assert notes[C.EVENT_STEP].tolist() == [
+        9
+    ]  # once, after 5 rollout batches in a row (1, 3, .., 9)
     assert notes[C.EVENT_EVIDENCE].iloc[0][C.FRAC_ZERO_STD_GROUPS] == 1.0
     assert "LLDS is on" in notes[C.EVENT_MESSAGE].iloc[0]
 

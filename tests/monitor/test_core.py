@@ -638,7 +638,8 @@ def test_zero_variance_groups_warn_once_and_only_when_llds_may_act(tmp_path: Any
     b = _batch()
 
     def two_steps(monitor: LLDMonitor) -> None:
-        for step, zero in ((1, 6.0), (2, 8.0)):  # 6 of 8 groups (0.75), then 8 of 8
+        # 6 of 8 groups (0.75), then 8 of 8: a streak of 6 rows (the warning waits for 5)
+        for step, zero in ((1, 6.0), (2, 8.0), (3, 8.0), (4, 6.0), (5, 7.0), (6, 8.0)):
             monitor.observe_rollout(b["logp_old"], b["mask"], rewards=b["rewards"])
             monitor.observe_groups(zero, 8)
             monitor.end_step(step=step)
@@ -648,12 +649,20 @@ def test_zero_variance_groups_warn_once_and_only_when_llds_may_act(tmp_path: Any
     two_steps(quiet)
     assert "llds_check_zero_std" not in set(load_run(tmp_path / "off").events[C.EVENT_KIND])
     auto = LLDMonitor(tmp_path / "auto", detector=None, strict=True, auto_llds=True)
-    with pytest.warns(UserWarning, match=r"75% of the prompt groups .* at step 1"):
+    with pytest.warns(UserWarning, match=r"88% of the prompt groups .* at step 5 .* 5 rows in a"):
         two_steps(auto)
     events = load_run(tmp_path / "auto").events
     notes = events[events[C.EVENT_KIND] == "llds_check_zero_std"]
-    assert notes[C.EVENT_STEP].tolist() == [1]  # once, not again at step 2
-    assert notes[C.EVENT_EVIDENCE].iloc[0][C.FRAC_ZERO_STD_GROUPS] == 0.75
+    assert notes[C.EVENT_STEP].tolist() == [5]  # once, after 5 rows in a row; not again at 6
+    assert notes[C.EVENT_EVIDENCE].iloc[0][C.FRAC_ZERO_STD_GROUPS] == 0.875
+    # one row of it (a run that starts at accuracy 0) says nothing
+    first = LLDMonitor(tmp_path / "first", detector=None, strict=True, auto_llds=True)
+    for step, zero in ((1, 8.0), (2, 2.0), (3, 8.0)):
+        first.observe_rollout(b["logp_old"], b["mask"], rewards=b["rewards"])
+        first.observe_groups(zero, 8)
+        first.end_step(step=step)
+    first.close()
+    assert "llds_check_zero_std" not in set(load_run(tmp_path / "first").events[C.EVENT_KIND])
     assert notes[C.EVENT_SEVERITY].tolist() == ["warning"]
     below = LLDMonitor(tmp_path / "below", detector=None, strict=True, llds=LLDSConfig())
     below.observe_rollout(b["logp_old"], b["mask"], rewards=b["rewards"])
