@@ -710,10 +710,29 @@ class LLDMonitor:
             if name not in self.reward_fn_names:
                 self.reward_fn_names.append(name)
         self.threshold_watch.load_state_dict(s.correctness)
+        asked_on, asked_lam = self.llds.enabled, self.llds.lam  # what this script configured
         self.llds._sync(s.llds_enabled, s.llds_lam)
         evidence = {"llds_enabled": int(s.llds_enabled), "llds_lam": s.llds_lam}
+        message = s.restore_message()
+        if (asked_on, asked_lam if asked_on else None) != (
+            s.llds_enabled,
+            s.llds_lam if s.llds_enabled else None,
+        ):
+            asked = f"on (lambda={asked_lam:g})" if asked_on else "off"
+            now = f"on (lambda={s.llds_lam:g})" if s.llds_enabled else "off"
+            message += (
+                f"; this script asked for LLDS {asked}, the checkpoint's switch wins: LLDS is "
+                f"{now} as it was when the checkpoint was saved (monitor.llds.enable() / "
+                "disable() after attach changes it)"
+            )
+            evidence["asked_llds_enabled"] = int(asked_on)
+        if self.rank == 0:  # said on the console, not only in events.jsonl
+            if "asked_llds_enabled" in evidence:
+                warn_user(f"lld_monitor: {message}")
+            else:
+                logger.warning("lld_monitor: %s", message)
         with self.guard("resume event"):
-            self._emit("lifecycle", self.step, "restore", s.restore_message(), "info", evidence)
+            self._emit("lifecycle", self.step, "restore", message, "info", evidence)
 
     # -- end ----------------------------------------------------------------------------------
 

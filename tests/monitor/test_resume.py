@@ -100,3 +100,32 @@ def test_last_logged_step_of_a_run_folder(tmp_path: Path) -> None:
         for step in (0, 1, 3):
             writer.log_step({C.STEP: step, C.TIME: 0.0, C.REWARD_MEAN: 0.5})
     assert last_logged_step(run) == 3
+
+
+def test_a_restored_llds_switch_that_overrides_the_script_is_said_on_the_console(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint saved with LLDS on, resumed by a script that asks for LLDS off: the switch
+    is restored, and the user is told (a warning at their line), not only events.jsonl."""
+    from lld_monitor import LLDMonitor, LLDSConfig
+
+    saved = LLDMonitor(tmp_path / "a", detector=None, llds=LLDSConfig(lam=0.3))
+    saved.step = 7
+    state = saved.state_dict()
+    saved.close()
+    resumed = LLDMonitor(tmp_path / "b", detector=None)  # LLDS off in this script
+    with pytest.warns(UserWarning, match=r"asked for LLDS off.*LLDS is on \(lambda=0\.3\)") as w:
+        resumed.load_state_dict(state)
+    assert [x.filename for x in w] == [__file__]
+    assert resumed.llds.enabled and resumed.llds.lam == 0.3
+    resumed.close()
+    # the same switch as the script asked: one console line (the log), no warning
+    same = LLDMonitor(tmp_path / "c", detector=None, llds=LLDSConfig(lam=0.3))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        with caplog.at_level("WARNING", logger="lld_monitor"):
+            same.load_state_dict(state)
+    assert any("restored from the checkpoint before step 7" in r.message for r in caplog.records)
+    same.close()
