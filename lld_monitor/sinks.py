@@ -132,7 +132,9 @@ class ConsoleSink(Sink):
 
     When logging is not set up (no handler on the logger or its ancestors), the lines go to
     ``stream`` (default stderr) instead, info events included: Python's fallback handler would
-    show warnings only, so interventions and phase changes would vanish.
+    show warnings only, so interventions and phase changes would vanish. They are written with
+    ``tqdm.write``, so a progress bar on the same stream (the Trainer's) gives way to the line
+    and is redrawn below it, instead of the line being glued onto the bar.
     """
 
     def __init__(
@@ -147,8 +149,15 @@ class ConsoleSink(Sink):
     def _log(self, level: int, msg: str, *args: Any) -> None:
         if self.logger.hasHandlers():
             self.logger.log(level, msg, *args)
-        else:
-            print(msg % args, file=self.stream or sys.stderr, flush=True)
+            return
+        stream = self.stream or sys.stderr
+        try:  # through tqdm: a progress bar on the stream (the Trainer's) is cleared and redrawn
+            from tqdm import tqdm
+
+            tqdm.write(msg % args, file=stream)
+            stream.flush()
+        except ImportError:
+            print(msg % args, file=stream, flush=True)
 
     def log_row(self, step: int, row: Mapping[str, Any]) -> None:
         if not self.every or step % self.every:

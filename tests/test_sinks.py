@@ -497,3 +497,25 @@ def test_console_sink_prints_info_events_when_logging_is_not_set_up() -> None:
         "lld_monitor phase at step 12: decay: phase healthy -> decay",
         "lld_monitor intervention at step 13: llds_enable: LLDS on by auto_llds",
     ]
+
+
+def test_console_lines_are_not_glued_onto_a_progress_bar() -> None:
+    """A Trainer's tqdm bar on the same stream: the monitor's line starts a line of its own
+    (the bar is cleared first and redrawn after), instead of following the bar's text."""
+    import io
+
+    from tqdm import tqdm
+
+    name = "lld_monitor_console_test_bar"
+    logging.getLogger(name).propagate = False
+    out = io.StringIO()
+    bar = tqdm(total=10, file=out, desc="train", mininterval=0, ascii=True)
+    bar.update(3)
+    sink = ConsoleSink(logger_name=name, stream=out)
+    sink.log_event(make_event("phase", 3, "decay", "phase healthy -> decay", "info"))
+    bar.update(1)
+    bar.close()
+    text = out.getvalue()
+    at = text.index("lld_monitor phase at step 3")
+    assert text[at - 1] in "\r\n", repr(text[max(0, at - 40) : at + 10])  # a fresh line
+    assert "\n" in text[at:] and text[at:].index("\n") < text[at:].index("4/10")  # bar below
