@@ -32,6 +32,31 @@ WRAPPED_TRAINER_METHODS: dict[str, tuple[str, ...]] = {
 _LOG_MAPPED = {"loss": C.LOSS, "grad_norm": C.GRAD_NORM, "learning_rate": C.LEARNING_RATE}
 
 
+def peft_meta(model: Any) -> dict[str, Any] | None:
+    """The PEFT adapters of ``model`` (a ``peft.PeftModel``, possibly wrapped) for ``meta.json``:
+    per adapter its type, rank, alpha, dropout and target modules; None for a plain model."""
+    inner = getattr(model, "module", model)  # DDP / accelerate wrappers
+    configs = getattr(inner, "peft_config", None)
+    if not isinstance(configs, dict) or not configs:
+        return None
+    out: dict[str, Any] = {"active_adapter": getattr(inner, "active_adapter", None), "adapters": {}}
+    for name, cfg in configs.items():
+        kind = getattr(cfg, "peft_type", None)
+        targets = getattr(cfg, "target_modules", None)
+        out["adapters"][str(name)] = {
+            "peft_type": getattr(kind, "value", None if kind is None else str(kind)),
+            "r": getattr(cfg, "r", None),
+            "lora_alpha": getattr(cfg, "lora_alpha", None),
+            "lora_dropout": getattr(cfg, "lora_dropout", None),
+            "target_modules": sorted(targets)
+            if isinstance(targets, set | list | tuple)
+            else targets,
+        }
+    if not isinstance(out["active_adapter"], str | type(None)):
+        out["active_adapter"] = str(out["active_adapter"])
+    return out
+
+
 def check_trainer_internals(cls: type = Trainer) -> list[str]:
     """Problems with the Trainer methods we wrap (empty when the installed version fits)."""
     return signature_problems(cls, WRAPPED_TRAINER_METHODS)
@@ -203,7 +228,7 @@ class TrainerAdapter:
 
     def meta(self) -> dict[str, Any]:
         args = self.trainer.args
-        return {
+        meta: dict[str, Any] = {
             "trainer_config": {
                 "per_device_train_batch_size": args.per_device_train_batch_size,
                 "gradient_accumulation_steps": args.gradient_accumulation_steps,
@@ -212,6 +237,10 @@ class TrainerAdapter:
                 "world_size": args.world_size,
             }
         }
+        peft = peft_meta(getattr(self.trainer, "model", None))
+        if peft is not None:
+            meta["peft"] = peft
+        return meta
 
     def install(self) -> None:
         problems = check_trainer_internals(type(self.trainer))

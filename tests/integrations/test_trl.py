@@ -982,3 +982,57 @@ def test_truncation_is_the_same_live_and_post_hoc(tmp_path: Any) -> None:
     live = run.events[run.events[C.EVENT_TYPE] == "alert"][C.EVENT_KIND].tolist()
     post_hoc = [a.kind for a in analyze_run(load_table(tmp_path / "tr")).alerts]
     assert "truncation" in live and "truncation" in post_hoc
+
+
+def test_meta_records_the_peft_adapters(tmp_path: Any) -> None:
+    """A GRPOTrainer on a LoRA-wrapped policy: meta.json says which adapters train (type,
+    rank, alpha, dropout, target modules); a plain policy has no ``peft`` entry."""
+    import json
+
+    peft = pytest.importorskip("peft")
+    from datasets import Dataset
+    from lld_grpo_script import PROMPTS, reward_has_a
+    from trl import GRPOConfig, GRPOTrainer
+
+    tok = build_tokenizer()
+    base = build_tiny_model(tok, hidden_size=32, num_layers=1, seed=0)
+    lora = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+    model = peft.get_peft_model(base, lora)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "tr"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=4,
+        max_steps=1,
+        report_to="none",
+        use_cpu=True,
+        disable_dropout=True,
+        save_strategy="no",
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[reward_has_a],
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+        processing_class=tok,
+    )
+    monitor = LLDMonitor(tmp_path / "run", detector=None)
+    monitor.attach(trainer)
+    trainer.train()
+    monitor.close()
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["peft"] == {
+        "active_adapter": "default",
+        "adapters": {
+            "default": {
+                "peft_type": "LORA",
+                "r": 4,
+                "lora_alpha": 8,
+                "lora_dropout": 0.0,
+                "target_modules": ["q_proj", "v_proj"],
+            }
+        },
+    }
+    plain = make_grpo_trainer(tmp_path / "tr2", max_steps=1)
+    LLDMonitor(tmp_path / "run2", detector=None).attach(plain).close()
+    assert "peft" not in json.loads((tmp_path / "run2" / "meta.json").read_text())
