@@ -339,6 +339,9 @@ class TrainerAdapter:
 
     def on_train_begin(self, state: Any) -> None:
         """On a resume from a checkpoint, restore the monitor's state saved with it."""
+        if state.global_step > 0:
+            with self.monitor.guard("resume checks"):
+                self.resume_checks(int(state.global_step))
         if state.global_step <= 0:
             if self.monitor.resumed_last_step is not None:
                 warn_user(
@@ -360,6 +363,9 @@ class TrainerAdapter:
             )
             return
         self.restore(lld_state)
+
+    def resume_checks(self, step: int) -> None:
+        """What a trainer of this kind must say when training resumes at ``step`` (none here)."""
 
     def restore(self, lld_state: Mapping[str, Any]) -> None:
         """Load a saved monitor state once (both restore paths may call it)."""

@@ -254,6 +254,30 @@ class GRPOAdapter(TrainerAdapter):
         )
         return meta
 
+    def resume_checks(self, step: int) -> None:
+        """A resume inside a generation batch: TRL regenerates the batch from the resumed step,
+        so the run no longer follows the uninterrupted trajectory from there (warned, and
+        recorded as a ``resume_off_boundary`` event)."""
+        args, tr = self.trainer.args, self.trainer
+        every = int(args.steps_per_generation) * int(getattr(tr, "num_iterations", 1))
+        micro = step * int(args.gradient_accumulation_steps)  # TRL counts micro-batches
+        if every <= 1 or micro % every == 0:
+            return
+        before = (micro // every) * every // int(args.gradient_accumulation_steps)
+        message = (
+            f"training resumes at step {step}, inside a generation batch (TRL generates a new "
+            f"one every {every} micro-batches: steps_per_generation={args.steps_per_generation} "
+            f"x num_iterations={getattr(tr, 'num_iterations', 1)}): TRL samples a new batch "
+            f"here, so from step {step + 1} the run departs from the trajectory it would have "
+            f"followed uninterrupted. Checkpoints on a batch boundary (save_steps a multiple of "
+            f"{every // int(args.gradient_accumulation_steps) or 1}; the last one before this "
+            f"was step {before}) resume exactly"
+        )
+        if self.monitor.rank == 0:
+            warn_user(f"lld_monitor: {message}")
+        evidence = {"step": step, "generate_every_micro_batches": every}
+        self.monitor._emit("lifecycle", step, "resume_off_boundary", message, "warning", evidence)
+
     def install(self) -> None:
         check_trl_version()
         problems = check_grpo_internals(GRPOTrainer)  # TRL's own class: the library's internals

@@ -1036,3 +1036,33 @@ def test_meta_records_the_peft_adapters(tmp_path: Any) -> None:
     plain = make_grpo_trainer(tmp_path / "tr2", max_steps=1)
     LLDMonitor(tmp_path / "run2", detector=None).attach(plain).close()
     assert "peft" not in json.loads((tmp_path / "run2" / "meta.json").read_text())
+
+
+def test_resume_inside_a_generation_batch_is_warned_and_recorded(tmp_path: Any) -> None:
+    """steps_per_generation=2: a checkpoint at step 1 sits inside a generation batch; resuming
+    from it departs from the uninterrupted trajectory, which the monitor says and records. A
+    checkpoint at step 2 (a boundary) resumes without a word."""
+    config = {"max_steps": 3, "steps_per_generation": 2, "save_strategy": "steps", "save_steps": 1}
+    first = LLDMonitor(tmp_path / "run", detector=None)
+    trainer = make_grpo_trainer(tmp_path / "t", **config)
+    first.attach(trainer)
+    trainer.train()
+    first.close()
+    for ckpt, expect in (("checkpoint-1", True), ("checkpoint-2", False)):
+        run = tmp_path / f"resumed-{ckpt}"
+        monitor = LLDMonitor(run, detector=None)
+        trainer = make_grpo_trainer(tmp_path / "t", **config)
+        monitor.attach(trainer)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            trainer.train(resume_from_checkpoint=str(tmp_path / "t" / ckpt))
+        monitor.close()
+        off = [w for w in said if "inside a generation batch" in str(w.message)]
+        events = load_run(run).events
+        recorded = events[events[C.EVENT_KIND] == "resume_off_boundary"]
+        if expect:
+            assert len(off) == 1 and off[0].filename == __file__, [str(w.message) for w in said]
+            assert "resumes at step 1" in str(off[0].message)
+            assert recorded[C.EVENT_STEP].tolist() == [1]
+        else:
+            assert not off and recorded.empty
