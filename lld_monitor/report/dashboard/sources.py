@@ -477,12 +477,10 @@ class LiveRun:
     # --- what to draw ----------------------------------------------------------------------
 
     def bands(self) -> tuple[Band, ...]:
-        """Phase segments of the offline analysis, extended by phase events logged after it."""
-        out: list[Band] = []
-        covered = -math.inf
-        for seg in getattr(self.analysis, "phases", None) or ():
-            out.append(Band(str(seg.phase), float(seg.start_step), float(seg.end_step)))
-            covered = max(covered, float(seg.end_step))
+        """Phase segments of the offline analysis (``charts.from_analysis``), extended by phase
+        events logged after it."""
+        out = list(self._analysed().bands)
+        covered = max((b.end_step for b in out), default=-math.inf)
         last_step = self._store.last_step
         later = [e for e in self._event_records("phase") if e["step"] > covered]
         for i, ev in enumerate(later):
@@ -491,19 +489,22 @@ class LiveRun:
         return tuple(out)
 
     def markers(self) -> tuple[Marker, ...]:
-        """Logged events (alerts, interventions, phases, errors) plus analyzer alerts not logged."""
+        """Logged events (alerts, interventions, phases, errors) plus the analyzer's alerts
+        (``charts.from_analysis``) that were not logged."""
         logged = [
             Marker(e["step"], e["type"], e["kind"], e["severity"], e["message"], "run log")
             for e in self._event_records(None)
             if e["type"] != "lifecycle"
         ]
         seen = {(m.step, m.kind) for m in logged if m.type == "alert"}
-        for a in getattr(self.analysis, "alerts", None) or ():
-            if (float(a.step), a.kind) not in seen:
-                logged.append(
-                    Marker(float(a.step), "alert", a.kind, a.severity, a.message, "analyzer")
-                )
+        logged += [m for m in self._analysed().markers if (m.step, m.kind) not in seen]
         return tuple(sorted(logged, key=lambda m: m.step))
+
+    def _analysed(self) -> Any:
+        """The analysis as the chart module turns it into bands and markers (no rows needed)."""
+        from lld_monitor.report.charts import from_analysis
+
+        return from_analysis(self.target.name, pd.DataFrame(), self.analysis)
 
     def _event_records(self, event_type: str | None) -> list[dict[str, Any]]:
         ev = self.events
