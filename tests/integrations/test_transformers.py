@@ -158,3 +158,54 @@ def test_a_trainer_that_raises_still_ends_the_run_log(tmp_path: Any, exc: BaseEx
     assert ends[C.EVENT_SEVERITY].iloc[0] == "critical"
     assert run.finished and monitor.closed
     assert (tmp_path / "run" / "closed.json").is_file()
+
+
+class _SigtermAtStep(TrainerCallback):
+    """Sends this process SIGTERM at the start of step ``at`` (as a scheduler's stop would)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step + 1 == self.at:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_ends_the_run_log_and_still_ends_the_process(tmp_path: Any) -> None:
+    """SIGTERM with no handler of the user's: the run log gets its end event naming the signal
+    and its closed.json, and the process still ends (exit status 143, as by the signal)."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    trainer = _trainer(tmp_path / "tr", max_grad_norm=1.0, callbacks=[_SigtermAtStep(3)])
+    monitor = LLDMonitor(tmp_path / "run", detector=None).attach(trainer)
+    with pytest.raises(SystemExit) as ended:
+        trainer.train()
+    assert ended.value.code == 143
+    run = load_run(tmp_path / "run")
+    assert list(run.steps[C.STEP]) == [1, 2]
+    ends = run.events[run.events[C.EVENT_KIND] == "end"]
+    assert len(ends) == 1 and "terminated by SIGTERM" in ends[C.EVENT_MESSAGE].iloc[0]
+    assert (tmp_path / "run" / "closed.json").is_file() and monitor.closed
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is the caller's again
+
+
+def test_sigterm_goes_to_the_users_own_handler(tmp_path: Any) -> None:
+    """A handler the user set before train() gets the signal (never swallowed); when it lets
+    training go on, the run ends normally."""
+    import signal
+
+    got: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    try:
+        trainer = _trainer(tmp_path / "tr", max_grad_norm=1.0, callbacks=[_SigtermAtStep(2)])
+        LLDMonitor(tmp_path / "run", detector=None).attach(trainer)
+        trainer.train()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert got == [signal.SIGTERM]
+    run = load_run(tmp_path / "run")
+    assert run.finished and len(run.steps) == trainer.state.global_step

@@ -1066,3 +1066,28 @@ def test_resume_inside_a_generation_batch_is_warned_and_recorded(tmp_path: Any) 
             assert recorded[C.EVENT_STEP].tolist() == [1]
         else:
             assert not off and recorded.empty
+
+
+def test_a_grpo_reward_function_that_raises_still_ends_the_run_log(tmp_path: Any) -> None:
+    """TRL's GRPOTrainer whose reward function raises at its third call: the run log keeps the
+    rows before, gets its end event naming the exception and its closed.json; the exception
+    reaches the caller unchanged."""
+    calls = {"n": 0}
+
+    def flaky_reward(completions: list[str], **kwargs: Any) -> list[float]:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("reward server unreachable")
+        return [1.0 if "a" in c else 0.0 for c in completions]
+
+    monitor = LLDMonitor(tmp_path / "run", detector=None)
+    trainer = make_grpo_trainer(tmp_path / "tr", max_steps=5, reward_funcs=[flaky_reward])
+    monitor.attach(trainer)
+    with pytest.raises(RuntimeError, match="reward server unreachable"):
+        trainer.train()
+    run = load_run(tmp_path / "run")
+    assert list(run.steps[C.STEP]) == [1, 2]
+    ends = run.events[run.events[C.EVENT_KIND] == "end"]
+    assert len(ends) == 1 and "reward server unreachable" in ends[C.EVENT_MESSAGE].iloc[0]
+    assert ends[C.EVENT_SEVERITY].iloc[0] == "critical"
+    assert (tmp_path / "run" / "closed.json").is_file() and monitor.closed
