@@ -393,9 +393,9 @@ def _check_run_dir(path: Path) -> None:
     if missing == [STEPS_FILE] and any((path / f).is_file() for f in SUMMARY_FILES):
         kept = [f for f in (META_FILE, EVENTS_FILE, *SUMMARY_FILES) if (path / f).is_file()]
         raise RunSummaryError(
-            f"{path} is a run summary, not a run log: it keeps {', '.join(kept)} but not "
-            f"{STEPS_FILE} (the step rows were not kept), so there is nothing to plot or "
-            "analyse; its events and summary can be read as files"
+            f"{path} is a run summary, not a run log: it keeps {', '.join(kept)}, missing "
+            f"{STEPS_FILE} (the step rows were not kept, or were deleted), so there is nothing "
+            "to plot or analyse; its events and summary can be read as files"
         )
     if missing:
         hint = ""

@@ -575,6 +575,7 @@ class LLDMonitor:
                 "no_step_probe", step, llds_checks.NO_STEP_PROBE, "info", {"probes": n_still}
             )
         row.update(extra)
+        self._check_nonfinite_inputs(host, step)
         self._check_threshold_reached(row, host[FIELD_INDEX["rule_reward_max"]])
         self.last_row = row
         if self.rank == 0 and self.writer is not None and not self._replaying(step):
@@ -583,6 +584,32 @@ class LLDMonitor:
         self._check_zero_std(row, step)
         self._detect(row, step)
         return row
+
+    def _check_nonfinite_inputs(self, host: list[float], step: int) -> None:
+        """A critical ``nonfinite`` alert when a reward (naming the function) or a log-prob was
+        +-inf or NaN in this step (the row holds NaN there, never a mean of the rest); once per
+        episode of each input, again after it has been finite."""
+        bad = step_metrics.nonfinite_inputs(host, self.reward_fn_names)
+        seen = self.__dict__.setdefault("_nonfinite_open", set())
+        now = {what for what, _ in bad}
+        new = [(what, n) for what, n in bad if what not in seen]
+        seen.intersection_update(now)
+        seen.update(now)
+        if not new:
+            return
+        parts = [what + (f" ({n:g} responses)" if n == n else "") for what, n in new]
+        message = (
+            f"non-finite input at step {step}: {', '.join(parts)} held +-inf or NaN; the row "
+            "says unknown (NaN) for what depends on it (reward_mean, the reward function's "
+            "column, the confidence or displacement columns), never a mean of the finite rest. "
+            "Check the reward function's return values and the model's log-probs (fp16 "
+            "overflow, a -inf logit under the sampled token)"
+        )
+        evidence = {what: (None if n != n else n) for what, n in new}
+        alert = Alert(step, "nonfinite", "critical", message, evidence)
+        with self.guard("nonfinite alert"):
+            self._event(alert.to_event())
+            self.dispatch.alert(alert)
 
     def _check_threshold_reached(self, row: Mapping[str, Any], rule_max: float) -> None:
         """Warn once when rewards vary but no response has reached the threshold for a while."""

@@ -146,6 +146,8 @@ def measure_displacement(
             f"{tuple(logp_old.shape)} (same rows, same token positions)"
         )
     check_completion_mask(completion_mask, logp_old)
+    bad_new = (~torch.isfinite(logp_new) & (mask.to(logp_new.device) > 0)).any(dim=1).sum()
+    acc.add_group(("logp_nonfinite_new",), [bad_new.float()])
     scored_mask = mask
     if rewards is not None:  # unscored responses are in neither likelihood group
         finite = torch.isfinite(rewards.reshape(-1).to(mask.device))  # [B]

@@ -45,6 +45,9 @@ FIELDS: tuple[Field, ...] = (
     Field("searches_sum", SUM),
     Field("searches_count", SUM),
     Field("truncated_sum", SUM, "responses cut at the length cap (no end-of-sequence token)"),
+    Field("reward_nonfinite", SUM, "responses whose reward is +inf or -inf (NaN = unscored)"),
+    Field("logp_nonfinite_old", SUM, "responses with a non-finite log-prob at sampling"),
+    Field("logp_nonfinite_new", SUM, "probed responses with a non-finite post-update log-prob"),
     Field("truncated_count", SUM, "responses whose truncation was known"),
     Field("grad_sum", SUM),
     Field("grad_count", SUM),
@@ -118,9 +121,9 @@ class StepMetrics:
     def add_reward_fn(self, name: str, rewards: torch.Tensor) -> None:
         """Fold one reward function's raw rewards [B] in (NaN = not applied: left out)."""
         r = rewards.detach().float().reshape(-1)
-        finite = torch.isfinite(r)
+        scored = ~torch.isnan(r)  # +-inf is scored: it makes the sum (and the column) non-finite
         part = torch.stack(
-            [torch.where(finite, r, torch.zeros_like(r)).sum(), finite.sum().float()]
+            [torch.where(scored, r, torch.zeros_like(r)).sum(), scored.sum().float()]
         )
         prev = self.reward_fn.get(name)
         self.reward_fn[name] = part if prev is None else prev + part
@@ -153,13 +156,16 @@ class StepMetrics:
             self.add_max("rule_reward_max", torch.where(finite, rule_rewards, -math.inf).max())
         self.add("n_resp", float(batch))
         n_tok = maskf.sum()
-        names, vals = ["n_correct_resp", "length_sum"], [correct.sum(), n_tok]
+        bad_old = (~torch.isfinite(logp_old.detach()) & (maskf > 0)).any(dim=1).sum()  # [] rows
+        names = ["n_correct_resp", "length_sum", "logp_nonfinite_old"]
+        vals = [correct.sum(), n_tok, bad_old]
         scored_mask = mask.to(device)
         if rewards is not None:
             finite = torch.isfinite(rewards)  # [B]; unscored (None/NaN) left out as TRL does
             r = torch.where(finite, rewards, 0.0)  # [B]
-            names += ["n_rewarded", "n_judged", "reward_sum", "reward_sq_sum"]
-            vals += [finite.sum(), finite.sum(), r.sum(), r.dot(r)]
+            inf = torch.isinf(rewards)  # [B]: not unscored but unknown: the reward says unknown
+            names += ["n_rewarded", "n_judged", "reward_sum", "reward_sq_sum", "reward_nonfinite"]
+            vals += [finite.sum(), finite.sum(), r.sum(), r.dot(r), inf.sum()]
             scored_mask = scored_mask * finite[:, None].to(scored_mask.dtype)
         else:
             self.add("n_judged", float(batch))
@@ -367,7 +373,9 @@ def row_from_sums(host: list[float], reward_fns: Sequence[str]) -> dict[str, Any
     fn_vals = host[n_std + 2 * n_sum :]
     row: dict[str, Any] = {}
     n_r = s["n_rewarded"]
-    if n_r > 0:
+    if s["reward_nonfinite"] > 0:  # an infinite reward: the step's reward is unknown, not 0
+        row[C.REWARD_MEAN] = row[C.REWARD_STD] = float("nan")
+    elif n_r > 0:
         mean = s["reward_sum"] / n_r
         row[C.REWARD_MEAN] = mean
         var = (s["reward_sq_sum"] - n_r * mean * mean) / (n_r - 1) if n_r > 1 else float("nan")
@@ -393,7 +401,8 @@ def row_from_sums(host: list[float], reward_fns: Sequence[str]) -> dict[str, Any
         row[C.GRAD_NORM_MAX] = s["grad_max"]
     for k, name in enumerate(reward_fns):
         tot, cnt = fn_vals[2 * k], fn_vals[2 * k + 1]
-        row[C.REWARD_FN_PREFIX + name] = tot / cnt if cnt > 0 else float("nan")
+        mean = tot / cnt if cnt > 0 else float("nan")
+        row[C.REWARD_FN_PREFIX + name] = mean if math.isfinite(mean) else float("nan")
     if s["n_judged"] > 0:
         conf_row = stats_from_sums(conf).as_row()
         row.update({c: conf_row[c] for c in C.CONFIDENCE_COLUMNS})
@@ -402,6 +411,11 @@ def row_from_sums(host: list[float], reward_fns: Sequence[str]) -> dict[str, Any
         if disp_row[C.N_CORRECT] + disp_row[C.N_INCORRECT] == 0:  # no probed response judged
             disp_row[C.N_CORRECT] = disp_row[C.N_INCORRECT] = float("nan")
         row.update({c: disp_row[c] for c in C.DISPLACEMENT_COLUMNS})
+    if s["logp_nonfinite_old"] > 0:  # a log-prob is inf/NaN: what depends on it is unknown
+        unknown = C.CONFIDENCE_COLUMNS + C.DISPLACEMENT_COLUMNS
+        row.update({c: float("nan") for c in unknown if c in row})
+    elif s["logp_nonfinite_new"] > 0:
+        row.update({c: float("nan") for c in C.DISPLACEMENT_COLUMNS if c in row})
     if s["inbatch_n_correct"] > 0:
         n_in, k_in = s["inbatch_n_correct"], s["inbatch_n_displaced"]
         row[C.INBATCH_N_CORRECT] = n_in
@@ -414,3 +428,26 @@ def row_from_sums(host: list[float], reward_fns: Sequence[str]) -> dict[str, Any
         row[C.LLDS_LOSS] = s["llds_loss_sum"] / s["llds_count"]
         row[C.LLDS_FRAC_GATED] = s["llds_frac_sum"] / s["llds_count"]
     return row
+
+
+def nonfinite_inputs(host: list[float], reward_fns: Sequence[str]) -> list[tuple[str, float]]:
+    """(what, how many responses) for each input of the step that held a non-finite value: the
+    total reward, each reward function (named), the log-probs at sampling and after the update.
+    Empty when all were finite."""
+    n_std, n_sum = len(FIELDS), _n_sums()
+    s = dict(zip(FIELD_NAMES, host[:n_std], strict=True))
+    fn_vals = host[n_std + 2 * n_sum :]
+    out: list[tuple[str, float]] = []
+    for k, name in enumerate(reward_fns):
+        tot = fn_vals[2 * k]
+        if not math.isnan(tot) and not math.isfinite(tot):
+            out.append((f"reward function {name!r}", math.nan))
+        elif math.isnan(tot) and fn_vals[2 * k + 1] > 0:  # +inf and -inf: NaN sum
+            out.append((f"reward function {name!r}", math.nan))
+    if s["reward_nonfinite"] > 0:
+        out.append(("reward", s["reward_nonfinite"]))
+    if s["logp_nonfinite_old"] > 0:
+        out.append(("log-probs at sampling", s["logp_nonfinite_old"]))
+    if s["logp_nonfinite_new"] > 0:
+        out.append(("log-probs after the update (probe)", s["logp_nonfinite_new"]))
+    return out

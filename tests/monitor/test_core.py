@@ -688,3 +688,40 @@ def test_adapters_take_the_monitor_s_requests_through_methods(tmp_path: Any) -> 
     with pytest.warns(UserWarning, match="fresh batch"):
         monitor.llds.enable(0.2, reason="test")
     monitor.close()
+
+
+def test_nonfinite_rewards_and_logprobs_are_named_and_unknown_not_averaged_away(
+    tmp_path: Any,
+) -> None:
+    """A batch of 8 rewards with one +inf (the issue's plain-loop case): reward_mean is NaN,
+    not the mean of the seven finite ones, and a critical nonfinite alert names the reward
+    function; a NaN post-update log-prob makes the displacement columns NaN (not "not
+    displaced") and is named too. Once per episode."""
+    logp = torch.full((8, 3), -1.0)
+    mask = torch.ones(8, 3)
+    acc = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, float("inf")])
+    monitor = LLDMonitor(tmp_path / "run", detector=None, strict=True, probe_fraction=1.0)
+    for step in (1, 2, 3):
+        rewards = acc if step < 3 else torch.tensor([1.0, 0.0] * 4)
+        monitor.observe_rollout(logp, mask, rewards=rewards, rewards_per_func={"acc": rewards})
+        new = logp - 0.1
+        if step == 2:
+            new[0, 1] = float("nan")
+        monitor.observe_post_update(new)
+        monitor.end_step(step=step)
+    monitor.close()
+    run = load_run(tmp_path / "run")
+    rows = run.steps.set_index(C.STEP)
+    assert math.isnan(rows.loc[1, C.REWARD_MEAN]) and math.isnan(rows.loc[2, C.REWARD_MEAN])
+    assert math.isnan(rows.loc[1, C.REWARD_FN_PREFIX + "acc"])
+    assert rows.loc[3, C.REWARD_MEAN] == pytest.approx(0.5)  # finite again
+    assert not math.isnan(rows.loc[1, C.FRAC_CORRECT_DISPLACED])  # step 1's log-probs finite
+    assert math.isnan(rows.loc[2, C.FRAC_CORRECT_DISPLACED])  # NaN, not "not displaced"
+    alerts = run.events[(run.events[C.EVENT_TYPE] == "alert")]
+    assert alerts[C.EVENT_KIND].tolist() == ["nonfinite", "nonfinite"]
+    assert alerts[C.EVENT_STEP].tolist() == [1, 2]
+    first, second = alerts[C.EVENT_MESSAGE].tolist()
+    assert "reward function 'acc'" in first and "reward (1 responses)" in first
+    assert "log-probs after the update (probe) (1 responses)" in second
+    assert "reward function 'acc'" not in second  # its episode goes on: not said again
+    assert set(alerts[C.EVENT_SEVERITY]) == {"critical"}
