@@ -185,11 +185,30 @@ def sort_key(v: RunVerdict) -> tuple[int, int, str]:
     return (VERDICTS.index(v.verdict), -step, v.name)
 
 
-def triage(root: Path, *, progress: TextIO | None = None) -> list[RunVerdict]:
+#: Fewer runs than this are analysed in this process (a worker's start costs about a second).
+PARALLEL_MIN_RUNS = 4
+
+
+def default_jobs() -> int:
+    """Worker processes for a triage: the cores this process may use (at most 8)."""
+    import os
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, 8))
+
+
+def triage(
+    root: Path, *, progress: TextIO | None = None, jobs: int | None = None
+) -> list[RunVerdict]:
     """Every run under ``root`` (a folder, or a file that holds several runs: a W&B export of
     several runs), analysed and sorted worst first (loose files that read but log
     no training metric, a config or a timing file, come last as ``skipped``). ``progress``: a
-    stream that gets a progress line once the triage has taken more than a second."""
+    stream that gets a progress line once the triage has taken more than a second. ``jobs``:
+    worker processes (default: the cores, ``default_jobs``); runs are analysed in parallel
+    from ``PARALLEL_MIN_RUNS`` runs on, each read and parsed once, in its worker."""
     from lld_monitor.importers.formats import runs_in_file
 
     entries: list[tuple[Path, str | None]] = []
@@ -200,17 +219,50 @@ def triage(root: Path, *, progress: TextIO | None = None) -> list[RunVerdict]:
         else:
             entries.append((path, None))
     base = root if root.is_dir() else root.parent
-    out: list[RunVerdict] = []
+    jobs = default_jobs() if jobs is None else max(1, int(jobs))
     t0 = time.monotonic()
     tty = progress is not None and progress.isatty()
-    shown = False
-    runs = entries
-    for i, (path, run) in enumerate(runs, start=1):
-        out.append(triage_one(path, base, run))
+    shown = [False]
+
+    def tick(i: int) -> None:
         if progress is not None and time.monotonic() - t0 > 1.0:
-            end = "\r" if tty and i < len(runs) else "\n"
-            if tty or i == len(runs) or not shown:
-                progress.write(f"triage: {i}/{len(runs)} runs analysed{end}")
+            end = "\r" if tty and i < len(entries) else "\n"
+            if tty or i == len(entries) or not shown[0]:
+                progress.write(f"triage: {i}/{len(entries)} runs analysed{end}")
                 progress.flush()
-                shown = True
+                shown[0] = True
+
+    out: list[RunVerdict] = []
+    if jobs > 1 and len(entries) >= PARALLEL_MIN_RUNS:
+        out = _triage_parallel(entries, base, jobs, tick)
+    else:
+        for i, (path, run) in enumerate(entries, start=1):
+            out.append(triage_one(path, base, run))
+            tick(i)
     return sorted(out, key=sort_key)
+
+
+def _triage_parallel(
+    entries: list[tuple[Path, str | None]], base: Path, jobs: int, tick: Any
+) -> list[RunVerdict]:
+    """``triage_one`` of every entry in ``jobs`` worker processes; a worker that dies (out of
+    memory) leaves its runs ``unreadable`` with the reason, never stops the rest."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    method = "fork" if "fork" in mp.get_all_start_methods() else None
+    ctx = mp.get_context(method) if method else None
+    out: list[RunVerdict] = []
+    with cf.ProcessPoolExecutor(max_workers=min(jobs, len(entries)), mp_context=ctx) as pool:
+        futures = {pool.submit(triage_one, p, base, r): (p, r) for p, r in entries}
+        for i, fut in enumerate(cf.as_completed(futures), start=1):
+            path, run = futures[fut]
+            try:
+                out.append(fut.result())
+            except Exception as exc:  # the worker process itself failed
+                name = str(path.relative_to(base)) if path.is_relative_to(base) else path.name
+                if run is not None:
+                    name = f"{name} [{run}]"
+                out.append(RunVerdict(name, str(path), "unreadable", error=f"worker failed: {exc}"))
+            tick(i)
+    return out

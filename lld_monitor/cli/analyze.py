@@ -19,7 +19,7 @@ FAIL_ON: tuple[str, ...] = ("warning", "critical")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register PATH, --json, --run, --html and --fail-on."""
+    """Register PATH, --json, --run, --html, --fail-on and --jobs."""
     parser.add_argument(
         "path",
         help="run folder, CSV/Parquet/JSONL table, trainer_state.json, console or notebook log, "
@@ -47,6 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="exit 1 when an alert of at least this severity (warning or critical) is found, "
         "after printing the analysis as usual (for CI); default: exit 0 whatever is found",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a folder of runs: analyse them in N processes (default: the cores, at most 8; "
+        "1: one process)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,7 +78,11 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        return run_triage(folder, as_json=args.json, fail_on=args.fail_on)
+        jobs = getattr(args, "jobs", None)
+        if jobs is not None and jobs < 1:
+            print("lld-monitor analyze: --jobs must be >= 1", file=sys.stderr)
+            return 2
+        return run_triage(folder, as_json=args.json, fail_on=args.fail_on, jobs=jobs)
     try:
         df = load_table(args.path, run=getattr(args, "run", None))
     except ImportFormatError as exc:

@@ -74,12 +74,14 @@ def table_text(root: Path, verdicts: Sequence[RunVerdict]) -> str:
     return "\n".join(lines)
 
 
-def run_triage(path: Path, *, as_json: bool, fail_on: str | None) -> int:
+def run_triage(path: Path, *, as_json: bool, fail_on: str | None, jobs: int | None = None) -> int:
     """Print the triage of a folder of runs. Exit 0; 1 with ``fail_on`` when some run has an
     alert of at least that severity."""
     import json
 
-    verdicts = triage(path, progress=sys.stderr if not os.environ.get("LLD_NO_PROGRESS") else None)
+    verdicts = triage(
+        path, progress=sys.stderr if not os.environ.get("LLD_NO_PROGRESS") else None, jobs=jobs
+    )
     if as_json:
         print(
             json.dumps(

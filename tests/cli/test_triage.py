@@ -78,6 +78,14 @@ def test_a_folder_of_runs_is_triaged_worst_first(sweep: Path) -> None:
     assert first.worst["step"] >= second.worst["step"]
 
 
+def test_parallel_triage_gives_the_verdicts_of_one_process(sweep: Path) -> None:
+    """jobs=2 (worker processes) and jobs=1 (this process): the same verdicts, in the same
+    order, the unreadable run included."""
+    one = [v.to_dict() for v in triage(sweep, jobs=1)]
+    two = [v.to_dict() for v in triage(sweep, jobs=2)]
+    assert one == two and len(one) == 7
+
+
 def test_triage_command_text_json_and_fail_on(sweep: Path, capsys) -> None:
     assert cli_main(["analyze", str(sweep)]) == 0
     out = capsys.readouterr().out.splitlines()
