@@ -281,33 +281,20 @@ def make_auto_runs(
 
 
 def _first_alerts(run_dir: Path) -> dict[str, int]:
-    """Step of the first online alert of each kind (from the run's event log)."""
-    from lld_monitor import columns as C
+    """Step of the first online alert of each kind (``toy.compare.first_alerts``)."""
     from lld_monitor.runlog import load_run
+    from lld_monitor.toy.compare import first_alerts
 
-    ev = load_run(run_dir).events
-    first: dict[str, int] = {}
-    if ev.empty:
-        return first
-    for _, e in ev[ev[C.EVENT_TYPE] == "alert"].iterrows():
-        first.setdefault(str(e[C.EVENT_KIND]), int(e[C.EVENT_STEP]))
-    return first
+    return {kind: step for kind, step, _ in first_alerts(load_run(run_dir).events)}
 
 
 def _llds_switch(run_dir: Path) -> tuple[int, str] | None:
-    """(step, alert kind) at which automatic LLDS switched on, None when it did not."""
-    from lld_monitor import columns as C
+    """(step, alert kind) at which automatic LLDS switched on (``toy.compare.llds_switch``)."""
     from lld_monitor.runlog import load_run
+    from lld_monitor.toy.compare import llds_switch
 
-    ev = load_run(run_dir).events
-    if ev.empty:
-        return None
-    on = ev[(ev[C.EVENT_TYPE] == "intervention") & (ev[C.EVENT_KIND] == "llds_enable")]
-    if on.empty:
-        return None
-    reason = str(on[C.EVENT_EVIDENCE].iloc[0].get("reason", ""))
-    kind = reason.split(" on a ")[-1].split(" alert")[0] if " on a " in reason else reason
-    return int(on[C.EVENT_STEP].iloc[0]), kind
+    step, kind = llds_switch(load_run(run_dir).events)
+    return None if step is None else (step, kind)
 
 
 def auto_rows(out: Path, entries: list[dict[str, Any]]) -> list[str]:

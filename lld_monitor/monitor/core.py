@@ -164,6 +164,8 @@ class LLDMonitor:
         self._last_rollout: rollout.Rollout | None = None
         self.failures = FailurePolicy(self.strict, self._on_error)
         self.threshold_watch = ThresholdWatch(self.correctness)
+        self._zero_std_rows = 0  # rows in a row with most groups at zero reward variance
+        self._nonfinite_open: set[str] = set()  # inputs in a non-finite episode (alerted)
         self.reward_fn_names: list[str] = []  # the same on every rank: fixes the vector length
         self._lock = threading.RLock()
         self.reuse_warning: str | None = None  # set by an adapter when LLDS can never act
@@ -590,7 +592,7 @@ class LLDMonitor:
         +-inf or NaN in this step (the row holds NaN there, never a mean of the rest); once per
         episode of each input, again after it has been finite."""
         bad = step_metrics.nonfinite_inputs(host, self.reward_fn_names)
-        seen = self.__dict__.setdefault("_nonfinite_open", set())
+        seen = self._nonfinite_open
         now = {what for what, _ in bad}
         new = [(what, n) for what, n in bad if what not in seen]
         seen.intersection_update(now)
@@ -652,7 +654,7 @@ class LLDMonitor:
         if frac is None:  # a row without groups neither extends nor breaks the streak
             return
         high = isinstance(frac, int | float) and frac >= llds_checks.ZERO_STD_WARN
-        self._zero_std_rows = getattr(self, "_zero_std_rows", 0) + 1 if high else 0
+        self._zero_std_rows = self._zero_std_rows + 1 if high else 0
         if self._zero_std_rows < llds_checks.ZERO_STD_ROWS:
             return
         who = llds_checks.llds_subject(self.llds.enabled, self.auto_llds)

@@ -313,6 +313,7 @@ class LiveRun:
     _reader: Any = None
     _run: Any = None
     _foreign_key: tuple[float, int] | None = None
+    _token_summaries: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     _analysis_rows: int = 0
     _analysis_time: float = 0.0
     _frame: pd.DataFrame | None = None
@@ -597,7 +598,7 @@ class LiveRun:
     def token_summary(self, step: int) -> tuple[int, int, int]:
         """(responses, correct, correct displaced) of ``step``'s token samples (cached: a
         step's samples are written once)."""
-        cache = self.__dict__.setdefault("_token_summaries", {})
+        cache = self._token_summaries
         if step not in cache:
             from lld_monitor.report.dashboard import tokens as tok
 
