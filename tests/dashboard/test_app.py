@@ -393,7 +393,7 @@ def test_the_run_picker_shows_each_runs_triage_verdict_worst_first(
 def test_header_names_the_worst_alert_and_the_collapse_numbers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The stored collapsed demo run: a critical collapse at 73, later warnings up to 162."""
+    """The stored collapsed demo run: a critical collapse at 73, later warnings up to 398."""
     import shutil
 
     src = ROOT_DIR / "sample_runs" / "auto" / "s1-small-32upd-lr3e-3-seed0-off"
@@ -409,7 +409,7 @@ def test_header_names_the_worst_alert_and_the_collapse_numbers(
         at.run()
     assert not at.exception
     assert "**Worst alert**  \ncollapse (critical) at step 73" in text
-    assert "latest: mode_collapse (warning) at step 162" in text  # named as the latest
+    assert "latest: truncation (warning) at step 398" in text  # named as the latest
     assert "Collapse: the reward fell below half its peak at step 73" in text
 
 
