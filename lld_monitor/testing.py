@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.signal import lfilter
 
 from lld_monitor import columns as C
 
@@ -491,6 +490,8 @@ def _ar1(rng: np.random.Generator, n: int, sd: float, phi: float) -> np.ndarray:
     z = rng.normal(0.0, sd, n)
     if phi == 0.0 or n == 0:
         return z
+    from scipy.signal import lfilter  # (here: scipy.signal costs every CLI call ~0.6 s to import)
+
     z[1:] *= math.sqrt(1.0 - phi * phi)
     return lfilter([1.0], [1.0, -phi], z)
 

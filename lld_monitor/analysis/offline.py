@@ -9,6 +9,7 @@ the signal that drove it (least-squares two-piece linear fit, ruptures ``Binseg`
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -130,10 +131,21 @@ def prepare_steps(df: pd.DataFrame) -> pd.DataFrame:
             f"(columns found: {list(df.columns)[:10]})"
         )
     step = pd.to_numeric(df[C.STEP], errors="coerce")
+    values = step.to_numpy(dtype=float)
+    if len(values) and np.isfinite(values).all() and (values[1:] > values[:-1]).all():
+        # already one row a step, in order (a loaded table): no copy of the columns
+        out = df.copy(deep=False)
+        out[C.STEP] = step.astype(np.int64).to_numpy()
+        return out.reset_index(drop=True)
     out = df.loc[step.notna()].copy()
     out[C.STEP] = step[step.notna()].astype(np.int64)
     out = out.sort_values(C.STEP, kind="stable").drop_duplicates(C.STEP, keep="last")
     return out.reset_index(drop=True)
+
+
+#: Rows converted to Python floats at a time by ``replay`` (a long table is never held as
+#: Python objects whole: ~24 bytes a value, 10x its float64 array).
+REPLAY_CHUNK = 32768
 
 
 def replay(
@@ -142,30 +154,61 @@ def replay(
     """Feed the (prepared) rows to a detector: (alerts, phase after each row, the detector)."""
     det = detector if detector is not None else PhaseDetector()
     n = len(df)
-    nan_col = [math.nan] * n
-    cols = [
-        pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float).tolist()
-        if c in df.columns
-        else nan_col
+    arrays = [
+        pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float) if c in df.columns else None
         for c in INPUT_COLUMNS
     ]
-    steps = df[C.STEP].to_numpy(dtype=float).tolist()
-    # which missing values the log names non-finite (C.NONFINITE; a blank cell is missing)
-    marks: list[Any] = (
-        [m.split(",") if isinstance(m, str) else None for m in df[C.NONFINITE].tolist()]
-        if C.NONFINITE in df.columns
-        else [None] * n
-    )
+    step_arr = df[C.STEP].to_numpy(dtype=float)
+    mark_col = df[C.NONFINITE] if C.NONFINITE in df.columns else None
     alerts: list[Alert] = []
     phases: list[str] = []
     update = det._update
     add_phase = phases.append
-    for step, values, mark in zip(steps, zip(*cols), marks):
-        new = update(step, values, mark)
-        if new:
-            alerts.extend(new)
-        add_phase(det._phase)
+    shift = _bound_level_shift(det, df)
+    try:
+        for lo in range(0, n, REPLAY_CHUNK):
+            hi = min(lo + REPLAY_CHUNK, n)
+            nan_col = [math.nan] * (hi - lo)
+            cols = [nan_col if a is None else a[lo:hi].tolist() for a in arrays]
+            steps = step_arr[lo:hi].tolist()
+            # which missing values the log names non-finite (C.NONFINITE; a blank cell is
+            # missing)
+            marks: Any = (
+                [m.split(",") if isinstance(m, str) else None for m in mark_col.iloc[lo:hi]]
+                if mark_col is not None
+                else itertools.repeat(None)
+            )
+            for step, values, mark in zip(steps, zip(*cols), marks):
+                new = update(step, values, mark)
+                if new:
+                    alerts.extend(new)
+                add_phase(det._phase)
+    finally:
+        if shift is not None:
+            shift.set_bound(None)
     return alerts, phases, det
+
+
+def _bound_level_shift(det: PhaseDetector, df: pd.DataFrame) -> Any:
+    """Give the level-shift check of a fresh detector the bound of its statistic over the
+    table's rewards (``LevelShiftCollapse.bounds``), when every row will reach it (steps
+    strictly increasing); the check, or None when nothing was set."""
+    from lld_monitor.analysis.checks import LevelShiftCollapse
+
+    if det.signals.n_rows or C.REWARD_MEAN not in df.columns or len(df) < 2:
+        return None
+    checks = [c for c in det.checks if type(c) is LevelShiftCollapse]
+    if len(checks) != 1:
+        return None
+    steps = df[C.STEP].to_numpy(dtype=float)
+    if not (np.isfinite(steps).all() and (np.diff(steps) > 0).all()):
+        return None
+    rw = pd.to_numeric(df[C.REWARD_MEAN], errors="coerce").to_numpy(dtype=float)
+    check = checks[0]
+    if check._rows:  # (a check added with rows of its own)
+        return None
+    check.set_bound(check.bounds(rw[np.isfinite(rw)]))
+    return check
 
 
 MAX_REFINEMENTS = 100  # change-point fits per run (~7 ms each); later boundaries stay as detected

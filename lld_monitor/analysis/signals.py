@@ -321,6 +321,7 @@ class Signals:
         column was finite before and the row has other values)."""
         if step <= self.step:
             return False
+        # (``x - x == 0.0``: x is finite, inline; a call of math.isfinite per column costs more)
         cfg = self.config
         (
             self.reward_mean,
@@ -347,33 +348,29 @@ class Signals:
         self.prev_step = prev = self.step
         self.step = step
         self.n_rows += 1
-        fin = math.isfinite
         w_row = self.weights(step - prev) if prev == prev else (0.0, 0.0, 0.0)
         if prev == prev:
             self.w_fast = w_row[0]  # sets the noise of the fast EMAs (see ratios)
 
         # non-finite loss / grad norm: NaN counts only when the column was seen finite and the
         # row carries other training values (else it is a missing value, e.g. an eval row)
-        if fin(loss):
+        others = rw - rw == 0.0 or h - h == 0.0 or kl - kl == 0.0 or ln - ln == 0.0
+        if loss - loss == 0.0:
             seen.add(C.LOSS)
             self.bad_loss = False
         elif marks is not None:  # the row names its non-finite values: a blank is missing
             self.bad_loss = loss == loss or C.LOSS in marks
         else:
-            self.bad_loss = loss == loss or (
-                C.LOSS in seen and (fin(rw) or fin(h) or fin(kl) or fin(ln))
-            )
-        if fin(g):
+            self.bad_loss = loss == loss or (C.LOSS in seen and others)
+        if g - g == 0.0:
             self.bad_grad = False
         elif marks is not None:
             self.bad_grad = g == g or C.GRAD_NORM in marks
         else:
-            self.bad_grad = g == g or (
-                C.GRAD_NORM in seen and (fin(rw) or fin(h) or fin(kl) or fin(ln))
-            )
+            self.bad_grad = g == g or (C.GRAD_NORM in seen and others)
 
         self.rw_closed = self.lp_closed = _NONE_CLOSED
-        if fin(rw):
+        if rw - rw == 0.0:
             seen.add(C.REWARD_MEAN)
             self.rw_closed = closed = self.rw_trend.push(step, rw)  # ascending levels
             if closed:
@@ -395,12 +392,12 @@ class Signals:
             if not ef <= self.reward_peak:
                 self.reward_peak = ef
                 self.reward_trough = self.reward_min
-        if fin(lp):
+        if lp - lp == 0.0:
             seen.add(C.LOGP_CORRECT)
             if lp != self.lp_trend._last_value:  # a rollout batch's repeat is not new data
                 self.lp_short.push(step, lp)
             self.lp_closed = self.lp_trend.push(step, lp)
-        if fin(fd):
+        if fd - fd == 0.0:
             seen.add(C.FRAC_CORRECT_DISPLACED)
             last = self._t_fd
             if last != last:
@@ -410,9 +407,9 @@ class Signals:
                 self.displaced_fast += w[0] * (fd - self.displaced_fast)
                 self.displaced_window += w[2] * (fd - self.displaced_window)
             self._t_fd = step
-        if fin(inc) and fin(ink):
+        if inc - inc == 0.0 and ink - ink == 0.0:
             seen.update((C.INBATCH_N_CORRECT, C.INBATCH_N_CORRECT_DISPLACED))
-        if fin(dc):
+        if dc - dc == 0.0:
             seen.add(C.DELTA_CORRECT)
             last = self._t_dc
             if last != last:
@@ -422,7 +419,7 @@ class Signals:
                     2
                 ] * (dc - self.delta_correct_window)
             self._t_dc = step
-        if fin(g):
+        if g - g == 0.0:
             seen.add(C.GRAD_NORM)  # 0 is a logged value (no gradient), not a missing one
             if g > 0.0:  # the EMAs are geometric: log(0) is left out
                 lg = math.log(g)
@@ -436,7 +433,7 @@ class Signals:
                     self.log_grad_fast += w[0] * (lg - self.log_grad_fast)
                     self.log_grad_slow += w[1] * (lg - self.log_grad_slow)
                 self._t_g = step
-        if fin(h):
+        if h - h == 0.0:
             seen.add(C.ENTROPY)
             last = self._t_h
             if last != last:
@@ -448,7 +445,7 @@ class Signals:
                 self.entropy_fast += w[0] * (h - self.entropy_fast)
                 self.entropy_slow += w[1] * (h - self.entropy_slow)
             self._t_h = step
-        if fin(kl) and kl >= 0.0:
+        if kl - kl == 0.0 and kl >= 0.0:
             seen.add(C.KL)
             last = self._t_kl
             if last != last:
@@ -458,7 +455,7 @@ class Signals:
                 self.kl_fast += w[0] * (kl - self.kl_fast)
                 self.kl_slow += w[1] * (kl - self.kl_slow)
             self._t_kl = step
-        if fin(ln):
+        if ln - ln == 0.0:
             seen.add(C.COMPLETION_LENGTH)
             last = self._t_len
             if last != last:
@@ -468,7 +465,7 @@ class Signals:
                     ln - self.length_fast
                 )
             self._t_len = step
-        if fin(tr):
+        if tr - tr == 0.0:
             seen.add(C.FRAC_TRUNCATED)
             last = self._t_tr
             if last != last:
@@ -481,13 +478,13 @@ class Signals:
             self.trunc_rows = (
                 self.trunc_rows + 1 if self.truncated_fast >= cfg.truncation_frac else 0
             )
-        if fin(nc):
+        if nc - nc == 0.0:
             seen.add(C.N_CORRECT)
-        if fin(lr):
+        if lr - lr == 0.0:
             seen.add(C.LEARNING_RATE)
-        if fin(zstd):
+        if zstd - zstd == 0.0:
             seen.add(C.FRAC_ZERO_STD_GROUPS)
-        if fin(rstd):
+        if rstd - rstd == 0.0:
             seen.add(C.REWARD_STD)
 
         self.warm = warm = (
@@ -496,10 +493,10 @@ class Signals:
         if not warm:
             # early levels (entropy collapse, length blow-up): mean over the warm-up rows
             k = self.early_n
-            if fin(h):
+            if h - h == 0.0:
                 he = self.entropy_early
                 self.entropy_early = h if he != he else he + (h - he) / (k + 1)
-            if fin(ln):
+            if ln - ln == 0.0:
                 le = self.length_early
                 self.length_early = ln if le != le else le + (ln - le) / (k + 1)
             self.early_n = k + 1

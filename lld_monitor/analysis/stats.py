@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -91,7 +92,7 @@ def trimmed_sd(abs_diffs: Sequence[float]) -> float:
         return math.nan
     keep = n - int(n * _TRIM)
     srt = sorted(abs_diffs)[:keep]
-    ms = sum(d * d for d in srt) / keep
+    ms = sum(map(operator.mul, srt, srt)) / keep  # (d * d, summed in order)
     if keep < n:
         ms /= _TRIM_KEEP
     return math.sqrt(0.5 * ms)

@@ -16,6 +16,7 @@ import pandas as pd
 
 #: Files larger than this are sniffed from their first ``SNIFF_BYTES`` by ``detect_format``.
 SNIFF_BYTES = 1 << 20
+_START_BYTES = 1 << 16  # what a complete head reads to tell a JSON file from a table
 
 _EXPECTED = (
     "expected an lld_monitor run folder, a CSV/Parquet/JSONL table, a TRL trainer_state.json or "
@@ -94,16 +95,39 @@ class Head:
         return self.text.lstrip()
 
     @functools.cached_property
+    def _start(self) -> tuple[str, bool]:
+        """The text of the first ``_START_BYTES`` and whether that is the whole file (a
+        complete head's cheap view: a large CSV is sniffed without reading it whole)."""
+        if not self.complete:
+            return self.text, True
+        raw = self._read_bytes(_START_BYTES)
+        text = raw.decode("utf-8", errors="replace").lstrip("\ufeff")
+        # newlines as ``text`` reads them (universal: \r\n and \r are \n)
+        return text.replace("\r\n", "\n").replace("\r", "\n"), len(raw) < _START_BYTES
+
+    @functools.cached_property
+    def lead(self) -> str:
+        """The first non-blank character ('' for a blank file)."""
+        start, whole = self._start
+        start = start.lstrip()
+        if start or whole:
+            return start[:1]
+        return self.stripped[:1]  # (more blanks than the start holds)
+
+    @functools.cached_property
     def first_line(self) -> str:
         """The first line (the CSV header, the first JSON line)."""
         if self.complete:
+            start, whole = self._start
+            if "\n" in start or whole:
+                return start.split("\n", 1)[0]
             return self.text.split("\n", 1)[0]
         return self.text.split("\n", 1)[0].strip()
 
     @functools.cached_property
     def json_doc(self) -> Any:
         """The whole text as one JSON document (complete heads), else ``_NOT_JSON``."""
-        if not self.complete or self.stripped[:1] not in ("[", "{"):
+        if not self.complete or self.lead not in ("[", "{"):
             return _NOT_JSON
         try:
             return json.loads(self.stripped)
@@ -125,7 +149,7 @@ class Head:
         """JSON lines (when the text is no JSON document): the dict records, lines skipped."""
         if self.json_doc is not _NOT_JSON or not self.complete:
             return None
-        if self.stripped[:1] not in ("[", "{"):
+        if self.lead not in ("[", "{"):
             return None
         records = _Lines()
         skipped: list[int] = []

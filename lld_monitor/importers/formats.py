@@ -129,8 +129,30 @@ def _csv_fields(head: Head) -> list[str] | None:
 
 def _csv_table(head: Head) -> pd.DataFrame | None:
     if "csv_table" not in head.__dict__:
-        head.__dict__["csv_table"] = _sniff_csv(head.text)
+        if head.complete:  # parsed from the file: a large table is never held as text too
+            head.__dict__["csv_table"] = _read_csv(head.path, head.first_line)
+        else:
+            head.__dict__["csv_table"] = _sniff_csv(head.text)
     return head.__dict__["csv_table"]
+
+
+def _read_csv(path: Path, first_line: str) -> pd.DataFrame | None:
+    """The whole file as ``_sniff_csv`` reads a text (None when the header names no known
+    metric or it does not parse)."""
+    if _csv_header(first_line) is None:
+        return None
+    sep = "\t" if first_line.count("\t") > first_line.count(",") else ","
+    try:
+        return pd.read_csv(
+            path,
+            sep=sep,
+            keep_default_na=False,
+            na_values=[""],
+            encoding="utf-8-sig",
+            encoding_errors="replace",
+        )
+    except (ValueError, csv.Error, UnicodeError):
+        return None
 
 
 def _step_source(frame: pd.DataFrame) -> str:

@@ -39,10 +39,10 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             unmapped.append(str(source))
     fn_cols = sorted(c for c in by_col if c.startswith(C.REWARD_FN_PREFIX))
     out = pd.DataFrame(index=frame.index)
-    marks = pd.Series("", index=frame.index, dtype=object)
+    logged = None
     if C.NONFINITE in frame.columns:  # the run log named the values it stored as null
-        logged = frame[C.NONFINITE]
-        marks = logged.where(logged.map(lambda v: isinstance(v, str)), "").astype(object)
+        logged = frame[C.NONFINITE].to_numpy(dtype=object)
+    literal: list[tuple[str, np.ndarray]] = []  # (column, [n] its cells that were nan/inf)
     unreadable = 0  # cells of mapped columns that hold something other than a number
     for col in (*C.STEP_COLUMNS, *fn_cols):
         sources = [s for _, s in sorted(by_col.get(col, []), key=lambda t: t[0])]
@@ -55,21 +55,26 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             series = series.fillna(other)
         out[col] = series
         if col in C.NONFINITE_COLUMNS:
-            lit = _literal_nonfinite(frame[sources[0]])
-            marks = marks.where(~lit, marks + "," + col)
+            lit = _literal_nonfinite(frame[sources[0]]).to_numpy(dtype=bool)
+            if lit.any():
+                literal.append((col, lit))
     if C.STEP not in out.columns:
         out.insert(0, C.STEP, np.arange(1, len(out) + 1, dtype=float))
     # which missing values were literal nan/inf (the rest are blank cells: missing)
-    out[C.NONFINITE] = marks.str.strip(",").replace("", None)
+    out[C.NONFINITE] = _marks(len(out), logged, literal)
     training = [c for c in out.columns if c not in _NON_TRAINING and c != C.NONFINITE]
     if not training:
         return pd.DataFrame(columns=[C.STEP]), unmapped
     notes = _row_notes(out, training, unreadable)
-    out = out[out[training].notna().any(axis=1) & out[C.STEP].notna()]
+    keep = out[training].notna().any(axis=1) & out[C.STEP].notna()
+    if not keep.all():  # (a filter copies every column: only when a row goes)
+        out = out[keep]
     if out.empty:
         return pd.DataFrame(columns=list(out.columns)), unmapped
     out, step_notes = _checked_steps(out)
-    out = out.groupby(C.STEP, sort=True, as_index=False).last()
+    steps = out[C.STEP].to_numpy(dtype=float)
+    if len(steps) > 1 and not (steps[1:] > steps[:-1]).all():  # (else one row a step, in order)
+        out = out.groupby(C.STEP, sort=True, as_index=False).last()
     out[C.STEP] = out[C.STEP].astype("int64")
     out = out.reset_index(drop=True)
     out[C.NONFINITE] = out[C.NONFINITE].fillna("")
@@ -137,6 +142,28 @@ def _checked_steps(out: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             "value of each column wins)"
         )
     return out, notes
+
+
+def _marks(
+    n: int, logged: np.ndarray | None, literal: Sequence[tuple[str, np.ndarray]]
+) -> np.ndarray:
+    """[n] the ``C.NONFINITE`` cell of each row: the run log's own marks (text), then each
+    column whose cell was a literal nan/inf, comma-joined; None where there are none. Strings
+    are built only for the rows that have a mark (a long clean log makes none)."""
+    out = np.full(n, None, dtype=object)
+    rows = np.zeros(n, dtype=bool)
+    if logged is not None:
+        is_text = np.fromiter((isinstance(v, str) for v in logged), dtype=bool, count=n)
+        rows |= is_text
+    for _, lit in literal:
+        rows |= lit
+    for i in np.flatnonzero(rows):
+        mark = logged[i] if logged is not None and isinstance(logged[i], str) else ""
+        for col, lit in literal:
+            if lit[i]:
+                mark = mark + "," + col
+        out[i] = mark.strip(",") or None
+    return out
 
 
 def _skipped_lines_note(records: Any) -> list[str]:

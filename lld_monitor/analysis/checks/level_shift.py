@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -63,7 +64,6 @@ from lld_monitor.analysis.stats import (
     glr_threshold,
     trimmed_sd,
 )
-from lld_monitor.analysis.stats import median as _median
 from lld_monitor.analysis.trend import from_json_float, json_float
 from lld_monitor.events import Alert
 
@@ -205,7 +205,10 @@ class _Baseline:
         d = self.dirty + 1
         if d >= self.every or (d == 3 and self.stats_[0] != self.stats_[0]):
             d = 0  # (the first stats come at 3 values, then every ``every`` values)
-            self.stats_ = (_median(vals), min(vals), max(vals))
+            srt = sorted(vals)  # (one sort: the median and the ends; no NaN is pushed)
+            n = len(srt)
+            h = n >> 1
+            self.stats_ = (srt[h] if n & 1 else 0.5 * (srt[h - 1] + srt[h]), srt[0], srt[-1])
         self.dirty = d
 
     def stats(self) -> tuple[float, float, float]:
@@ -224,11 +227,6 @@ class _Baseline:
         self.dirty = int(d["dirty"])
         a, b, c = (_dec(v) for v in d["stats"])
         self.stats_ = (a, b, c)
-
-
-def _value(s: Any, name: str) -> float:
-    """The row's value of a column (``Signals`` holds every one as a float, NaN when missing)."""
-    return getattr(s, name)
 
 
 class LevelShiftCollapse(Check):
@@ -277,6 +275,7 @@ class LevelShiftCollapse(Check):
         self._fired = False
         self._fallen = False  # the reward is still down after the alert
         self._rearm_line = _NAN  # the level the reward must be back above to re-arm
+        self._bound: Any = None  # the replay's per-row bound of the statistic (set_bound)
 
     # --- the state the phase machine reads ------------------------------------------------------
     @property
@@ -341,15 +340,47 @@ class LevelShiftCollapse(Check):
         n = len(vals)
         if n < GLR_MIN_REF:
             return 1.0
-        runs = 1
-        prev = vals[0]
-        for v in itertools.islice(vals, 1, None):
-            if v != prev:
-                runs += 1
-                prev = v
+        runs = 1 + sum(map(operator.ne, vals, itertools.islice(vals, 1, None)))  # value changes
         if runs > 0.75 * n or len(set(vals)) < 0.8 * runs:
             return 1.0
         return n / runs
+
+    # --- the replay's shortcut --------------------------------------------------------------------
+    def bounds(self, rewards: Any) -> Any:
+        """For a whole series of finite rewards (the rows this check will be fed, from a fresh
+        state), an upper bound of each row's statistic times the noise: max over the tested
+        lengths with a drop of at least ``min_drop`` of drop / sqrt(1/L + 1/R) (``_test``'s z
+        is that over an sd of at least the row noise), -inf where no length qualifies. The
+        batch twin of ``_test``'s loop (numpy, all rows at once)."""
+        import numpy as np
+
+        x = np.asarray(rewards, dtype=float)  # [n]
+        n = len(x)
+        cum = np.concatenate([[0.0], np.cumsum(x)])  # [n + 1]: the running sums, in order
+        out = np.full(n, -np.inf)
+        min_drop = self.shift.min_drop * (1.0 - 1e-6)  # (generous: rounding never skips a row)
+        for lo in range(0, n, 1 << 16):  # blocks of rows: the temporaries stay small
+            rows = np.arange(lo + 1, min(lo + (1 << 16), n) + 1)  # [b] rows in the buffer
+            best = out[lo : lo + len(rows)]  # (a view)
+            for length, r_full in _TESTS:
+                r = np.minimum(r_full, rows - length)  # [b]
+                ok = r >= GLR_MIN_REF
+                if not ok.any():
+                    continue
+                i, rr = rows[ok], r[ok]
+                mid = cum[i - length]
+                drop = (mid - cum[i - length - rr]) / rr - (cum[i] - mid) / length
+                val = np.where(drop >= min_drop, drop / np.sqrt(1.0 / length + 1.0 / rr), -np.inf)
+                best[ok] = np.maximum(best[ok], val)
+        return out
+
+    def set_bound(self, bound: Any) -> None:
+        """Give a fresh check ``bounds(rewards)`` of the rows it is about to be fed (a replay
+        of a whole table), or None to drop it: a row whose bound is below c x its noise sd
+        cannot cross, and its test loop is skipped (the same alerts, sooner)."""
+        if bound is not None and self._rows:
+            raise ValueError("set_bound needs a fresh check (it indexes rows from the first)")
+        self._bound = bound
 
     # --- update -----------------------------------------------------------------------------------
     def update(self, s: Any) -> list[Alert]:
@@ -363,8 +394,8 @@ class LevelShiftCollapse(Check):
     def observe(self, s: Any) -> Alert | None:
         """Feed one row; the alert when the collapse is first seen, else None."""
         cfg = self.shift
-        rw = _value(s, C.REWARD_MEAN)
-        if not math.isfinite(rw):
+        rw = s.reward_mean
+        if rw - rw != 0.0:  # (not finite; cheaper than math.isfinite in this per-row path)
             self._push_baselines(s)
             return None
         self._rows += 1
@@ -456,11 +487,15 @@ class LevelShiftCollapse(Check):
         sd_row = self.noise_sd()
         if sd_row != sd_row:
             return None
+        c = self.threshold_corroborated if corro else self.threshold
+        bound = self._bound
+        if bound is not None and bound[self._rows - 1] < c * sd_row * (1.0 - 1e-6):
+            return None  # no length can reach z >= c (the replay's bound; see set_bound)
         floor = self.floor
         cum = self._cum
         avail = len(cum) - 1  # rows in the buffer
-        c = self.threshold_corroborated if corro else self.threshold
         top = cum[-1]
+        min_drop, min_noise = cfg.min_drop, cfg.min_noise_frac
         best: tuple[float, int, int, float, float, float, float, str, float, int] | None = None
         for length, r in _TESTS:
             if r > avail - length:
@@ -471,9 +506,12 @@ class LevelShiftCollapse(Check):
             post = (top - mid) / length
             ref = (mid - cum[-1 - length - r]) / r
             drop = ref - post
-            if drop < cfg.min_drop:
+            if drop < min_drop:
                 continue
-            sd = max(sd_row, cfg.min_noise_frac * max(abs(ref), 0.1))
+            sd = max(sd_row, min_noise * max(abs(ref), 0.1))
+            z = drop / (sd * math.sqrt(1.0 / length + 1.0 / r))
+            if z < c or (best is not None and z <= best[0]):
+                continue  # (tested first: the line below costs more, and both must hold)
             # collapsed, not a dip: the level since the change sits near the floor, by its mean
             # plus floor_sd standard errors (two low rows of a noisy dip are not a floor)
             # the level held before the fall sets the line: the higher of its last NEAR_ROWS
@@ -486,9 +524,7 @@ class LevelShiftCollapse(Check):
             line, basis = self._line(held, floor, sd)
             if post + cfg.floor_sd * sd / math.sqrt(length) > line:
                 continue
-            z = drop / (sd * math.sqrt(1.0 / length + 1.0 / r))
-            if z >= c and (best is None or z > best[0]):
-                best = (z, length, r, ref, post, sd, line, basis, held, m)
+            best = (z, length, r, ref, post, sd, line, basis, held, m)
         if best is None:
             return None
         self._fired = self._fallen = True
@@ -502,7 +538,7 @@ class LevelShiftCollapse(Check):
         """The share of groups with identical rewards, as logged (``frac_zero_std_groups``).
         A zero ``reward_std`` is not taken for it here: a step whose every reward is 0 has a
         zero spread by arithmetic, so it would "corroborate" a low reward with itself."""
-        return _value(s, C.FRAC_ZERO_STD_GROUPS)
+        return s.frac_zero_std_groups
 
     def _corroboration(self, s: Any) -> list[str]:
         """The corroborating signals this row shows against their baselines (the values of the
@@ -512,44 +548,48 @@ class LevelShiftCollapse(Check):
         cfg = self.shift
         out: list[str] = []
         base = self._base
-        g = _value(s, C.GRAD_NORM)
+        g = s.grad_norm  # (the columns' names: C.GRAD_NORM, ... read as attributes, per row)
         if g == g:
-            m, lo, hi = base[C.GRAD_NORM].stats()
+            m, lo, hi = base[C.GRAD_NORM].stats_
             if m > 0.0 and g >= cfg.grad_surge * m and g > hi:
                 out.append(f"grad norm {g:.3g} = x{g / m:.0f} its median {m:.3g}")
             elif m > 0.0 and g <= cfg.grad_dead * m and g < lo:
                 out.append(f"grad norm {g:.3g}: dead (median before {m:.3g})")
-        h = _value(s, C.ENTROPY)
+        h = s.entropy
         if h == h:
-            m, lo, hi = base[C.ENTROPY].stats()
+            m, lo, hi = base[C.ENTROPY].stats_
             if m > 0.0 and h >= cfg.entropy_rise * m and h > hi:
                 out.append(f"entropy {h:.3g} = x{h / m:.1f} its median {m:.3g}")
             elif m > 0.0 and h <= cfg.entropy_fall * m and h < lo:
                 out.append(f"entropy {h:.3g} = {100 * h / m:.0f}% of its median {m:.3g}")
-        ln = _value(s, C.COMPLETION_LENGTH)
+        ln = s.completion_length
         if ln == ln:
-            m, lo, _ = base[C.COMPLETION_LENGTH].stats()
+            m, lo, _ = base[C.COMPLETION_LENGTH].stats_
             if m > 0.0 and ln <= cfg.length_fall * m and ln < lo:
                 out.append(f"completion length {ln:.3g} tokens (median before {m:.3g})")
-        tr = _value(s, C.FRAC_TRUNCATED)
+        tr = s.frac_truncated
         if tr == tr:
-            m, _, hi = base[C.FRAC_TRUNCATED].stats()
+            m, _, hi = base[C.FRAC_TRUNCATED].stats_
             if tr >= cfg.truncated_frac and m < 0.5 * cfg.truncated_frac and tr > hi:
                 out.append(f"{100 * tr:.0f}% of completions at the length cap (before {m:.0%})")
-        zs = self._zero_std(s)
+        zs = s.frac_zero_std_groups  # (_zero_std: as logged)
         if zs == zs:
-            m, _, hi = base["zero_std"].stats()
+            m, _, hi = base["zero_std"].stats_
             if zs >= cfg.zero_std_frac and m < 0.5 and zs > hi:
                 out.append(f"{100 * zs:.0f}% of groups with identical rewards (before {m:.0%})")
         return out
 
     def _push_baselines(self, s: Any) -> None:
         base = self._base
-        for name in (C.GRAD_NORM, C.ENTROPY, C.COMPLETION_LENGTH, C.FRAC_TRUNCATED):
-            v = _value(s, name)
-            if v == v and math.isfinite(v):
+        for name, v in (
+            (C.GRAD_NORM, s.grad_norm),
+            (C.ENTROPY, s.entropy),
+            (C.COMPLETION_LENGTH, s.completion_length),
+            (C.FRAC_TRUNCATED, s.frac_truncated),
+        ):
+            if v - v == 0.0:  # finite
                 base[name].push(v)
-        zs = self._zero_std(s)
+        zs = s.frac_zero_std_groups  # (_zero_std: as logged)
         if zs == zs:
             base["zero_std"].push(zs)
 
@@ -710,11 +750,11 @@ class ModeCollapse(Check):
     def observe(self, s: Any) -> Alert | None:
         """Feed one row; the alert when the mode collapse is first seen, else None."""
         cfg = self.mode
-        zs = _value(s, C.FRAC_ZERO_STD_GROUPS)
+        zs = s.frac_zero_std_groups
         if zs != zs:
-            rstd = _value(s, C.REWARD_STD)
+            rstd = s.reward_std
             zs = (1.0 if rstd <= 1e-6 else 0.0) if rstd == rstd else _NAN
-        ln = _value(s, C.COMPLETION_LENGTH)
+        ln = s.completion_length
         if ln == ln and self._early_n < cfg.early_rows:
             self._early_sum += ln
             self._early_n += 1

@@ -1,0 +1,181 @@
+"""The replay's fast paths give the same answer as the plain per-row update.
+
+``replay`` hands a fresh detector's level-shift check a per-row bound of its statistic
+(``LevelShiftCollapse.bounds``) so that rows which cannot cross skip the test loop; the loaded
+table's fast paths (no copies when the steps are already one row a step) must not change a value.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lld_monitor import columns as C
+from lld_monitor.analysis import offline
+from lld_monitor.analysis.checks import LevelShiftCollapse
+from lld_monitor.analysis.checks.level_shift import _TESTS
+from lld_monitor.analysis.offline import load_steps, prepare_steps, replay
+from lld_monitor.analysis.stats import GLR_MIN_REF
+from lld_monitor.importers import Head, load_table
+from lld_monitor.importers.table import _marks
+from lld_monitor.testing import make_run
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL_RUNS = ROOT.parent / "shared" / "real_runs"
+
+
+def _inputs() -> list[tuple[str, pd.DataFrame]]:
+    out = []
+    for steps in sorted((ROOT / "sample_runs").glob("**/steps.jsonl")):
+        out.append((str(steps.parent.relative_to(ROOT)), load_steps(steps.parent)))
+    if REAL_RUNS.is_dir():
+        for p in sorted(REAL_RUNS.iterdir()):
+            if p.suffix in (".tsv", ".md") or p.name.startswith("."):
+                continue
+            out.append((p.name, load_steps(p)))
+    for kind in ("collapse", "healthy", "grad_spikes", "dip", "small_batch"):
+        out.append((f"make_run:{kind}", make_run(kind, n_steps=1500, seed=3).steps))
+    return out
+
+
+def _replay_plain(df, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(offline, "_bound_level_shift", lambda det, df: None)
+        return replay(df)
+
+
+def test_the_bounded_replay_equals_the_plain_one_row_for_row(monkeypatch):
+    inputs = _inputs()
+    assert len(inputs) >= 10
+    with_shift = 0
+    for name, df in inputs:
+        df = prepare_steps(df)
+        alerts, phases, det = replay(df)
+        plain_alerts, plain_phases, plain_det = _replay_plain(df, monkeypatch)
+        assert [a.to_dict() for a in alerts] == [a.to_dict() for a in plain_alerts], name
+        assert phases == plain_phases, name
+        assert det.state_dict() == plain_det.state_dict(), name
+        check = next(c for c in det.checks if type(c) is LevelShiftCollapse)
+        assert check._bound is None  # (dropped after the replay)
+        with_shift += any(a.evidence.get("detector") == "level_shift" for a in plain_alerts)
+    assert with_shift >= 3  # (runs whose alerts the bound could have lost)
+
+
+def test_the_bound_is_what_decides_the_skip(monkeypatch):
+    # a bound below every threshold silences the level-shift test: the replay does use it
+    df = prepare_steps(make_run("collapse", n_steps=1500, seed=3).steps)
+    alerts, _, _ = replay(df)
+    assert any(a.evidence.get("detector") == "level_shift" for a in alerts)
+
+    def no_row_can_cross(det, df):
+        check = next(c for c in det.checks if type(c) is LevelShiftCollapse)
+        check.set_bound(np.full(len(df), -np.inf))
+        return check
+
+    monkeypatch.setattr(offline, "_bound_level_shift", no_row_can_cross)
+    silenced, _, det = replay(df)
+    assert not any(a.evidence.get("detector") == "level_shift" for a in silenced)
+    assert next(c for c in det.checks if type(c) is LevelShiftCollapse)._bound is None
+
+
+def _bounds_by_hand(x: list[float], min_drop: float) -> list[float]:
+    """Each row's max over the tested lengths of drop / sqrt(1/L + 1/R), as ``_test`` forms it
+    from the buffer (the same running sums)."""
+    out = []
+    cum = [0.0]
+    for v in x:
+        cum.append(cum[-1] + v)
+        best = -math.inf
+        avail = len(cum) - 1
+        for length, r in _TESTS:
+            if r > avail - length:
+                r = avail - length
+                if r < GLR_MIN_REF:
+                    break
+            mid = cum[-1 - length]
+            drop = (mid - cum[-1 - length - r]) / r - (cum[-1] - mid) / length
+            if drop >= min_drop:
+                best = max(best, drop / math.sqrt(1.0 / length + 1.0 / r))
+        out.append(best)
+    return out
+
+
+def test_bounds_equal_the_row_loop_and_are_minus_inf_before_a_test_can_run():
+    rng = np.random.default_rng(7)
+    x = np.concatenate(
+        [0.6 + 0.02 * rng.standard_normal(150), 0.2 + 0.02 * rng.standard_normal(80)]
+    )
+    check = LevelShiftCollapse()
+    got = check.bounds(x)
+    want = _bounds_by_hand(x.tolist(), check.shift.min_drop * (1 - 1e-6))
+    assert got.shape == (230,)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    # the shortest test needs its length plus GLR_MIN_REF rows before any bound exists
+    first = _TESTS[0][0] + GLR_MIN_REF
+    assert np.isneginf(got[: first - 1]).all() and got[first:].max() > 0
+    # the drop at row 150 gives the largest values just after it
+    assert 150 <= int(np.argmax(got)) < 230
+    with pytest.raises(ValueError, match="fresh"):
+        check._rows = 5
+        check.set_bound(got)
+
+
+def test_marks_join_the_logged_mark_and_the_literal_columns():
+    logged = np.array(["loss", None, float("nan"), "", None], dtype=object)
+    lit_reward = np.array([True, False, False, True, False])
+    lit_grad = np.array([True, False, True, False, False])
+    got = _marks(5, logged, [("reward_mean", lit_reward), ("grad_norm", lit_grad)])
+    assert got.tolist() == ["loss,reward_mean,grad_norm", None, "grad_norm", "reward_mean", None]
+    assert _marks(3, None, []).tolist() == [None, None, None]
+
+
+def test_prepare_steps_on_an_ordered_table_copies_nothing_and_changes_nothing():
+    df = pd.DataFrame({C.STEP: [1.0, 2.0, 5.0], C.REWARD_MEAN: [0.1, 0.2, 0.3]})
+    before = df.copy()
+    out = prepare_steps(df)
+    pd.testing.assert_frame_equal(df, before)  # the input is not touched
+    assert out[C.STEP].dtype == np.int64 and out[C.STEP].tolist() == [1, 2, 5]
+    assert out[C.REWARD_MEAN].tolist() == [0.1, 0.2, 0.3]
+    # the slow path (unsorted, duplicated) gives the same as sorting by hand
+    messy = pd.DataFrame({C.STEP: [5, 1, 2, 2], C.REWARD_MEAN: [0.3, 0.1, 0.9, 0.2]})
+    assert prepare_steps(messy)[C.REWARD_MEAN].tolist() == [0.1, 0.2, 0.3]
+
+
+def test_a_large_csv_with_a_bom_crlf_and_a_long_header_loads_as_its_text_does(tmp_path):
+    # a header longer than the head's start (read whole), a BOM, CRLF, a literal nan
+    extra = ",".join(f"extra_metric_{i:05d}" for i in range(6000))
+    assert len(extra) > 1 << 16
+    rows = "".join(f"{i},{0.5 + i / 1000},{'nan' if i == 3 else 1.0}\r\n" for i in range(1, 40))
+    body = "\ufeff_step,train/reward,train/grad_norm\r\n" + rows
+    small = tmp_path / "small.csv"
+    small.write_text(body, encoding="utf-8", newline="")
+    long_head = tmp_path / "long.csv"
+    long_head.write_text(
+        "\ufeff_step,train/reward,train/grad_norm," + extra + "\r\n" + rows,
+        encoding="utf-8",
+        newline="",
+    )
+    head = Head(long_head, complete=True)
+    assert head.lead == "_" and head.first_line.startswith("_step,train/reward")
+    assert head.first_line.endswith("extra_metric_05999")
+    for path in (small, long_head):
+        df = load_table(path)
+        assert df[C.STEP].tolist() == list(range(1, 40)), path.name
+        assert df[C.REWARD_MEAN].iloc[0] == pytest.approx(0.501)
+        assert math.isnan(df[C.GRAD_NORM].iloc[2]) and df[C.NONFINITE].iloc[2] == "grad_norm"
+        assert df[C.NONFINITE].iloc[0] == ""
+
+
+def test_a_json_file_after_many_blank_lines_is_still_json(tmp_path):
+    p = tmp_path / "trainer_state.json"
+    p.write_text(
+        "\n" * (1 << 17)
+        + '{"log_history": [{"step": 1, "reward": 0.5}, {"step": 2, "reward": 0.6}]}'
+    )
+    head = Head(p, complete=True)
+    assert head.lead == "{"
+    assert load_table(p)[C.REWARD_MEAN].tolist() == [0.5, 0.6]
