@@ -20,6 +20,7 @@ BENCHMARKS = (
     "dashboard",
     "collapse_calibration",
     "triage",
+    "scale",
 )
 
 
