@@ -127,6 +127,12 @@ def candidates(root: Path) -> list[Path]:
 def triage_one(path: Path, root: Path, run: str | None = None) -> RunVerdict:
     """Load and analyse one run (``run``: one of the runs a file holds); never raises (an
     unreadable run gets its error)."""
+    return analyse_one(path, root, run)[0]
+
+
+def analyse_one(path: Path, root: Path, run: str | None = None) -> tuple[RunVerdict, Any]:
+    """``triage_one``'s verdict and the analysis behind it (None when the run did not read or
+    analyse): a caller that also shows the run (the dashboard) needs not analyse it again."""
     from lld_monitor.analysis import analyze_run
     from lld_monitor.importers import load_table
 
@@ -144,11 +150,11 @@ def triage_one(path: Path, root: Path, run: str | None = None) -> RunVerdict:
         while cause is not None and not isinstance(cause, RunSummaryError):
             cause = cause.__cause__
         if cause is not None:  # kept without its step rows, on purpose
-            return RunVerdict(name, str(path), "summary", error=str(cause))
+            return RunVerdict(name, str(path), "summary", error=str(cause)), None
         if path.is_file() and _NO_ROWS in message:
             # a loose file that reads but logs no training metric (a config, a timing file)
-            return RunVerdict(name, str(path), "skipped", error=message)
-        return RunVerdict(name, str(path), "unreadable", error=message)
+            return RunVerdict(name, str(path), "skipped", error=message), None
+        return RunVerdict(name, str(path), "unreadable", error=message), None
     alerts = list(analysis.alerts)
     rank = {s: i for i, s in enumerate(C.SEVERITIES)}
     severe = [a for a in alerts if a.severity in ("warning", "critical")]
@@ -167,7 +173,7 @@ def triage_one(path: Path, root: Path, run: str | None = None) -> RunVerdict:
     )
     verdict = "collapsed" if collapsed else (worst["severity"] if worst is not None else "healthy")
     phases = list(analysis.phases)
-    return RunVerdict(
+    result = RunVerdict(
         name,
         str(path),
         verdict,
@@ -178,6 +184,7 @@ def triage_one(path: Path, root: Path, run: str | None = None) -> RunVerdict:
         worst=worst,
         alert_severities=[a.severity for a in alerts],
     )
+    return result, analysis
 
 
 def sort_key(v: RunVerdict) -> tuple[int, int, str]:

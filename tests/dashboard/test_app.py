@@ -1016,3 +1016,35 @@ def test_streamlit_run_by_hand_binds_loopback_and_sends_no_statistics(tmp_path: 
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=15)
+
+
+def test_the_first_render_takes_the_pickers_analysis_of_the_same_rows(tmp_path: Path) -> None:
+    """A run is analysed once on first render: the picker's verdict analysis is handed to the
+    charts when it was made on the rows the follower read (and never when the run grew)."""
+    from lld_monitor.analysis import analyze_run
+
+    w = write_run(tmp_path / "run", 40, close=False)
+    target = sources.Target("run", (tmp_path / "run").resolve(), "run")
+    sources._VERDICTS.pop(str(target.path), None)
+    verdict = sources.run_verdict(target)
+    handed = sources._VERDICTS[str(target.path)][3]
+    assert verdict.rows == 40 and handed is not None
+    live = sources.LiveRun(target)
+    live.refresh()
+    live.ensure_analysis()
+    assert live.analysis is handed  # the same object: no second analysis
+    assert live.analysis.to_dict() == analyze_run(live.steps).to_dict()
+    assert sources._VERDICTS[str(target.path)][3] is None  # handed over once
+
+    # the run grew after its verdict: the follower analyses what it read itself
+    sources._VERDICTS.pop(str(target.path), None)
+    sources.run_verdict(target)
+    for s in range(40, 45):
+        w.log_step(step_row(s))
+    grown = sources.LiveRun(target)
+    grown.refresh()
+    grown.ensure_analysis()
+    assert grown.n_rows == 45 and grown.analysis is not None
+    assert grown.analysis is not sources._VERDICTS[str(target.path)][3]
+    assert grown.analysis.phases[-1].end_step == 44
+    w.close()

@@ -444,7 +444,11 @@ class LiveRun:
         self._analysis_rows = n
         self._analysis_time = self.clock()
         if first:
-            self._take_analysis(_analyze, self.steps)
+            handed = take_verdict_analysis(self.target, n, self._store.last_step)
+            if handed is not None:  # the picker's verdict analysed these very rows
+                self.analysis, self.analysis_error = handed, None
+            else:
+                self._take_analysis(_analyze, self.steps)
         else:  # rows are only ever appended past the view, so the frame is safe to share
             self._pending = _analysis_executor().submit(_analyze, self.steps)
 
@@ -642,7 +646,8 @@ VERDICT_BADGE: dict[str, str] = {
 #: A run whose files changed keeps its verdict this long before it is analysed again (a live
 #: run grows every few seconds; its header and charts have their own, newer analysis).
 VERDICT_REFRESH_S = 30.0
-_VERDICTS: dict[str, tuple[tuple[float, int], float, Any]] = {}  # path -> (stat, time, verdict)
+#: path -> (stat, time, verdict, the analysis behind it until a LiveRun takes it, or None)
+_VERDICTS: dict[str, tuple[tuple[float, int], float, Any, Any]] = {}
 
 
 def run_verdict(target: Target) -> Any:
@@ -659,10 +664,26 @@ def run_verdict(target: Target) -> Any:
     hit = _VERDICTS.get(str(target.path))
     if hit is not None and (hit[0] == key or now - hit[1] < VERDICT_REFRESH_S):
         return hit[2]
-    verdict = triage.triage_one(target.path, target.path.parent)
+    verdict, analysis = triage.analyse_one(target.path, target.path.parent)
     verdict.name = target.name
-    _VERDICTS[str(target.path)] = (key, now, verdict)
+    _VERDICTS[str(target.path)] = (key, now, verdict, analysis)
     return verdict
+
+
+def take_verdict_analysis(target: Target, rows: int, last_step: float) -> Any:
+    """The analysis behind ``target``'s picker verdict when it was made on the same rows
+    (``rows`` rows up to ``last_step``: what the run's follower has read), else None; handed
+    over once (the first render analyses a run once, not for the picker and again for the
+    charts)."""
+    path = str(target.path)
+    hit = _VERDICTS.get(path)
+    if hit is None or hit[3] is None:
+        return None
+    _VERDICTS[path] = (*hit[:3], None)
+    verdict = hit[2]
+    if verdict.rows != rows or verdict.last_step is None or verdict.last_step != last_step:
+        return None
+    return hit[3]
 
 
 def verdict_order(names: Sequence[str], verdicts: dict[str, Any]) -> list[str]:
