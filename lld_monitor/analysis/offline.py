@@ -154,10 +154,7 @@ def replay(
     """Feed the (prepared) rows to a detector: (alerts, phase after each row, the detector)."""
     det = detector if detector is not None else PhaseDetector()
     n = len(df)
-    arrays = [
-        pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float) if c in df.columns else None
-        for c in INPUT_COLUMNS
-    ]
+    arrays = [_floats(df[c]) if c in df.columns else None for c in INPUT_COLUMNS]
     step_arr = df[C.STEP].to_numpy(dtype=float)
     mark_col = df[C.NONFINITE] if C.NONFINITE in df.columns else None
     alerts: list[Alert] = []
@@ -189,6 +186,13 @@ def replay(
     return alerts, phases, det
 
 
+def _floats(series: pd.Series) -> np.ndarray:
+    """[n] a column as float64, unreadable cells NaN (a float64 column as it is: no copy)."""
+    if series.dtype == np.float64:
+        return series.to_numpy()
+    return pd.to_numeric(series, errors="coerce").to_numpy(dtype=float)
+
+
 def _bound_level_shift(det: PhaseDetector, df: pd.DataFrame) -> Any:
     """Give the level-shift check of a fresh detector the bound of its statistic over the
     table's rewards (``LevelShiftCollapse.bounds``), when every row will reach it (steps
@@ -203,7 +207,7 @@ def _bound_level_shift(det: PhaseDetector, df: pd.DataFrame) -> Any:
     steps = df[C.STEP].to_numpy(dtype=float)
     if not (np.isfinite(steps).all() and (np.diff(steps) > 0).all()):
         return None
-    rw = pd.to_numeric(df[C.REWARD_MEAN], errors="coerce").to_numpy(dtype=float)
+    rw = _floats(df[C.REWARD_MEAN])
     check = checks[0]
     if check._rows:  # (a check added with rows of its own)
         return None

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from lld_monitor import columns as C
@@ -142,17 +143,57 @@ def _read_csv(path: Path, first_line: str) -> pd.DataFrame | None:
     if _csv_header(first_line) is None:
         return None
     sep = "\t" if first_line.count("\t") > first_line.count(",") else ","
+    kw: dict[str, Any] = {
+        "sep": sep,
+        "keep_default_na": False,
+        "na_values": [""],
+        "encoding": "utf-8-sig",
+        "encoding_errors": "replace",
+    }
     try:
-        return pd.read_csv(
-            path,
-            sep=sep,
-            keep_default_na=False,
-            na_values=[""],
-            encoding="utf-8-sig",
-            encoding_errors="replace",
-        )
-    except (ValueError, csv.Error, UnicodeError):
+        if path.stat().st_size > CSV_CHUNK_BYTES:
+            frame = _read_numeric_csv(path, kw)
+            if frame is not None:
+                return frame
+        return pd.read_csv(path, **kw)
+    except (ValueError, csv.Error, UnicodeError, OSError):
         return None
+
+
+#: A CSV larger than this is parsed in chunks of ``CSV_CHUNK_ROWS`` rows when every column is
+#: numeric (a W&B history export): the parser's buffers stay one chunk's size.
+CSV_CHUNK_BYTES = 16 << 20
+CSV_CHUNK_ROWS = 65536
+
+
+def _read_numeric_csv(path: Path, kw: dict[str, Any]) -> pd.DataFrame | None:
+    """The whole CSV, parsed chunk by chunk, when every chunk parses every column as numbers
+    (int64/float64): the frame ``pd.read_csv`` gives (a column int in one chunk and float in
+    another is float, as read whole); None at the first other column (text, bool: those are
+    read whole, so that a column's type is decided over all its cells)."""
+    numeric = (np.dtype(np.int64), np.dtype(np.float64))
+    parts: dict[str, list[np.ndarray]] | None = None
+    names: list[str] = []
+    with pd.read_csv(path, chunksize=CSV_CHUNK_ROWS, **kw) as chunks:
+        for chunk in chunks:
+            if any(dt not in numeric for dt in chunk.dtypes):
+                return None
+            if parts is None:
+                names = list(chunk.columns)
+                if len(set(names)) != len(names):
+                    return None
+                parts = {c: [] for c in names}
+            for c in names:
+                parts[c].append(chunk[c].to_numpy())
+    if parts is None:
+        return None
+    columns: dict[str, np.ndarray] = {}
+    for c in names:  # one column at a time: its chunks go as its array is made
+        arrays = parts.pop(c)
+        dtype = np.result_type(*(a.dtype for a in arrays))
+        columns[c] = np.concatenate(arrays).astype(dtype, copy=False)
+        del arrays
+    return pd.DataFrame(columns, copy=False)
 
 
 def _step_source(frame: pd.DataFrame) -> str:

@@ -207,6 +207,8 @@ def _frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
 
 
 def _numeric(series: pd.Series) -> pd.Series:
+    if series.dtype == np.float64:
+        return series  # (already numbers: no copy of a long column)
     if series.dtype == bool:
         return series.astype(float)
     if series.dtype == object or pd.api.types.is_string_dtype(series):

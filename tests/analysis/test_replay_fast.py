@@ -179,3 +179,40 @@ def test_a_json_file_after_many_blank_lines_is_still_json(tmp_path):
     head = Head(p, complete=True)
     assert head.lead == "{"
     assert load_table(p)[C.REWARD_MEAN].tolist() == [0.5, 0.6]
+
+
+def _mixed_csv(path: Path, text_at: int | None = None) -> None:
+    """5000 rows: an int step, a metric blank over a whole chunk, a literal inf, a column
+    int in its first rows and decimal later; optionally one text cell."""
+    rng = np.random.default_rng(1)
+    lines = ["_step,train/reward,train/kl,train/grad_norm,train/completion_length"]
+    for i in range(5000):
+        kl = "" if 1000 <= i < 2500 else f"{rng.random():.6f}"
+        g = "inf" if i % 777 == 0 else ("nan" if i == text_at else f"{rng.random():.5f}")
+        ln = str(100 + i % 7) if i < 3000 else f"{100 + i / 3:.3f}"
+        lines.append(f"{i},{rng.random():.6f},{kl},{g},{ln}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("text_at", [None, 4321])
+def test_a_csv_read_in_chunks_is_the_table_read_whole(tmp_path, monkeypatch, text_at):
+    from lld_monitor.importers import formats
+
+    path = tmp_path / "history.csv"
+    _mixed_csv(path, text_at)
+    whole = load_table(path)
+    monkeypatch.setattr(formats, "CSV_CHUNK_BYTES", 0)
+    monkeypatch.setattr(formats, "CSV_CHUNK_ROWS", 1000)
+    kw = {"sep": ",", "keep_default_na": False, "na_values": [""], "encoding": "utf-8-sig"}
+    chunked_raw = formats._read_numeric_csv(path, kw)
+    if text_at is None:
+        pd.testing.assert_frame_equal(chunked_raw, pd.read_csv(path, **kw), check_exact=True)
+        assert chunked_raw["_step"].dtype == np.int64
+        assert chunked_raw["train/completion_length"].dtype == np.float64
+    else:  # a text cell ('nan') in one chunk: the file is read whole, as before
+        assert chunked_raw is None
+    chunked = load_table(path)
+    pd.testing.assert_frame_equal(chunked, whole, check_exact=True)
+    assert np.isinf(chunked[C.GRAD_NORM].iloc[0]) and chunked[C.KL].iloc[1000:2500].isna().all()
+    if text_at is not None:
+        assert chunked[C.NONFINITE].iloc[text_at] == "grad_norm"
