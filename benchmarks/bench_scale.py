@@ -108,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
     p.add_argument("--repeats", type=int, default=2, help="rounds (best kept)")
     p.add_argument("--baseline", default=DEFAULT_BASELINE, help="a git revision, or 'none'")
+    p.add_argument("--write", nargs=2, metavar=("PATH", "ROWS"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.write:  # (the child that writes one file)
+        sys.path.insert(0, str(REPO))
+        write_wandb_csv(Path(args.write[0]), int(args.write[1]))
+        return 0
 
     ok = True
     with tempfile.TemporaryDirectory(prefix="lld-bench-scale-") as tmp:
@@ -127,7 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.rows:
             path = tmp_path / f"wandb_{n}.csv"
             t0 = time.perf_counter()
-            size = write_wandb_csv(path, n)
+            # written by a child process: this one stays small, and a child's peak RSS (its
+            # rusage) never counts pages of the parent it was forked from
+            subprocess.run(
+                [sys.executable, __file__, "--write", str(path), str(n)], check=True, cwd=REPO
+            )
+            size = path.stat().st_size
             print(
                 f"\n{n:,} rows: {path.name} {size / 2**20:.1f} MB "
                 f"(written in {time.perf_counter() - t0:.1f} s)"

@@ -159,18 +159,14 @@ class _BlockNoise:
         self.prev = _NAN  # the one before it
         self.d2: deque[float] = deque(maxlen=n)
 
-    def push(self, x: float) -> bool:
-        """Add one row; True when it completed a block."""
-        self.total += x
-        self.count += 1
-        if self.count < self.b:
-            return False
+    def close(self) -> None:
+        """The block is complete (``count == b`` rows summed in ``total``, added by the check's
+        per-row update, inline): its mean goes in, the next block starts."""
         m = self.total / self.b
         if self.prev == self.prev:
             self.d2.append(abs(m - 2.0 * self.last + self.prev))
         self.prev, self.last = self.last, m
         self.total, self.count = 0.0, 0
-        return True
 
     def sd(self) -> float:
         d = self.d2
@@ -433,8 +429,11 @@ class LevelShiftCollapse(Check):
         if len(steps) > 2 * _BUFFER:  # (trimmed in bulk: O(1) amortized)
             del cum[: len(steps) - _BUFFER]
             del steps[: len(steps) - _BUFFER]
-        for b in self._blocks:
-            b.push(rw)
+        for b in self._blocks:  # (a row into each block, inline: three calls a row saved)
+            b.total += rw
+            b.count += 1
+            if b.count >= b.b:
+                b.close()
         self._peak_sum += rw
         self._peak_n += 1
         if self._peak_n == _PEAK_ROWS:
@@ -580,15 +579,19 @@ class LevelShiftCollapse(Check):
         return out
 
     def _push_baselines(self, s: Any) -> None:
-        base = self._base
-        for name, v in (
-            (C.GRAD_NORM, s.grad_norm),
-            (C.ENTROPY, s.entropy),
-            (C.COMPLETION_LENGTH, s.completion_length),
-            (C.FRAC_TRUNCATED, s.frac_truncated),
-        ):
-            if v - v == 0.0:  # finite
-                base[name].push(v)
+        base = self._base  # (the _SIGNALS, read as attributes; a finite value is pushed)
+        v = s.grad_norm
+        if v - v == 0.0:
+            base[C.GRAD_NORM].push(v)
+        v = s.entropy
+        if v - v == 0.0:
+            base[C.ENTROPY].push(v)
+        v = s.completion_length
+        if v - v == 0.0:
+            base[C.COMPLETION_LENGTH].push(v)
+        v = s.frac_truncated
+        if v - v == 0.0:
+            base[C.FRAC_TRUNCATED].push(v)
         zs = s.frac_zero_std_groups  # (_zero_std: as logged)
         if zs == zs:
             base["zero_std"].push(zs)
