@@ -273,14 +273,11 @@ def smooth(x: np.ndarray, y: np.ndarray, weight: float) -> np.ndarray:
     if weight == 0.0 or n == 0:
         return np.array(y, dtype=float)
     starts = set(gap_starts(x).tolist())
-    i = 0
-    while i < n:  # the first index of each long run of equal values
-        j = i
-        while j + 1 < n and y[j + 1] == y[i]:
-            j += 1
-        if j - i + 1 >= FLAT_RUN:
-            starts.add(i)
-        i = j + 1
+    yy = np.asarray(y, dtype=float)
+    # the first index of each long run of equal values
+    edges = np.concatenate(([0], np.flatnonzero(yy[1:] != yy[:-1]) + 1, [n]))  # run bounds
+    long_runs = edges[:-1][np.diff(edges) >= FLAT_RUN]
+    starts.update(long_runs.tolist())
     bounds = sorted({0, *starts, n})
     out = np.empty(n, dtype=float)
     for a, b in itertools.pairwise(bounds):

@@ -1048,3 +1048,28 @@ def test_the_first_render_takes_the_pickers_analysis_of_the_same_rows(tmp_path: 
     assert grown.analysis is not sources._VERDICTS[str(target.path)][3]
     assert grown.analysis.phases[-1].end_step == 44
     w.close()
+
+
+def test_smoothing_restarts_where_the_row_loop_restarts() -> None:
+    """The long runs of equal values found at once equal those a row-by-row scan finds."""
+    rng = np.random.default_rng(5)
+    y = np.round(rng.random(3000), 1)  # short runs by chance
+    y[100:140] = 0.0  # a dead stretch
+    y[2000:2003] = 0.7  # a run too short to restart
+    y[2500:] = 0.3  # a constant tail
+    x = np.arange(3000.0)
+    got = charts.smooth(x, y, 0.9)
+    starts, i = [0], 0
+    while i < len(y):
+        j = i
+        while j + 1 < len(y) and y[j + 1] == y[i]:
+            j += 1
+        if j - i + 1 >= charts.FLAT_RUN:
+            starts.append(i)
+        i = j + 1
+    want = np.empty(len(y))
+    bounds = sorted({*starts, len(y)})
+    for a, b in itertools.pairwise(bounds):
+        want[a:b] = charts.ema(y[a:b], 0.9)
+    np.testing.assert_array_equal(got, want)
+    assert (got[100:140] == 0.0).all() and (got[2500:] == 0.3).all()
