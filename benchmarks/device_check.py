@@ -134,29 +134,21 @@ def llds_check(device: str) -> dict[str, Any]:
 
 
 def build_model(tok: Any, shape: str, dtype: Any, seed: int) -> Any:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from lld_monitor.toy.tiny import build_tiny_model
 
     hidden, layers, heads, kv, mlp, vocab = SHAPES[shape]
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=max(vocab, len(tok)),
+    model = build_tiny_model(
+        tok,
         hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
         intermediate_size=mlp,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
+        vocab_size=vocab,
         max_position_embeddings=4096,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=None,
-        tie_word_embeddings=True,
-        attention_dropout=0.0,
+        seed=seed,
     )
-    model = Qwen2ForCausalLM(config).to(dtype)
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.generation_config.eos_token_id = tok.eos_token_id
-    return model
+    return model.to(dtype)
 
 
 def reward_parity(

@@ -111,6 +111,12 @@ def fit_from_state(d: list[Any] | None) -> TrendFit | None:
     return TrendFit(*(int(v) if i in _FIT_INTS else _dec(v) for i, v in enumerate(d)))
 
 
+def _others(rw: float, h: float, kl: float, ln: float) -> bool:
+    """The row carries another training value (reward, entropy, KL or length is finite): a NaN
+    loss or grad norm beside it is non-finite, not missing. Asked only of a NaN row."""
+    return rw - rw == 0.0 or h - h == 0.0 or kl - kl == 0.0 or ln - ln == 0.0
+
+
 class _RollingOLS:
     """Least-squares line through the (step, value) pairs of a trailing window of steps.
 
@@ -354,20 +360,19 @@ class Signals:
 
         # non-finite loss / grad norm: NaN counts only when the column was seen finite and the
         # row carries other training values (else it is a missing value, e.g. an eval row)
-        others = rw - rw == 0.0 or h - h == 0.0 or kl - kl == 0.0 or ln - ln == 0.0
         if loss - loss == 0.0:
             seen.add(C.LOSS)
             self.bad_loss = False
         elif marks is not None:  # the row names its non-finite values: a blank is missing
             self.bad_loss = loss == loss or C.LOSS in marks
         else:
-            self.bad_loss = loss == loss or (C.LOSS in seen and others)
+            self.bad_loss = loss == loss or (C.LOSS in seen and _others(rw, h, kl, ln))
         if g - g == 0.0:
             self.bad_grad = False
         elif marks is not None:
             self.bad_grad = g == g or C.GRAD_NORM in marks
         else:
-            self.bad_grad = g == g or (C.GRAD_NORM in seen and others)
+            self.bad_grad = g == g or (C.GRAD_NORM in seen and _others(rw, h, kl, ln))
 
         self.rw_closed = self.lp_closed = _NONE_CLOSED
         if rw - rw == 0.0:

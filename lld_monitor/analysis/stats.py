@@ -66,7 +66,11 @@ def ema_weight(dt: float, tau: float) -> float:
 
 def median(values: Iterable[float]) -> float:
     """The median of ``values`` (NaN when empty)."""
-    srt = sorted(values)
+    return sorted_median(sorted(values))
+
+
+def sorted_median(srt: Sequence[float]) -> float:
+    """The median of values already sorted (NaN when empty)."""
     n = len(srt)
     if not n:
         return math.nan

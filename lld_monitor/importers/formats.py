@@ -187,12 +187,9 @@ def _read_numeric_csv(path: Path, kw: dict[str, Any]) -> pd.DataFrame | None:
                 parts[c].append(chunk[c].to_numpy())
     if parts is None:
         return None
-    columns: dict[str, np.ndarray] = {}
-    for c in names:  # one column at a time: its chunks go as its array is made
-        arrays = parts.pop(c)
-        dtype = np.result_type(*(a.dtype for a in arrays))
-        columns[c] = np.concatenate(arrays).astype(dtype, copy=False)
-        del arrays
+    # one column at a time, its chunks freed as its array is made (int64 and float64 chunks of
+    # one column concatenate to float64, as a whole read types it)
+    columns = {c: np.concatenate(parts.pop(c)) for c in names}
     return pd.DataFrame(columns, copy=False)
 
 

@@ -63,19 +63,24 @@ def build_tiny_model(
     intermediate_size: int | None = None,
     max_position_embeddings: int = 512,
     seed: int = 0,
+    num_kv_heads: int | None = None,
+    vocab_size: int | None = None,
 ):
-    """A randomly initialised Qwen2 causal LM sized for CPU tests (dropout off)."""
+    """A randomly initialised Qwen2 causal LM sized for CPU tests (dropout off).
+
+    ``num_kv_heads`` (grouped-query attention; default ``num_heads``) and ``vocab_size`` (at
+    least the tokenizer's; default it) shape it like a released model (the GPU device check)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
+        vocab_size=max(vocab_size or 0, len(tokenizer)),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 2 * hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
+        num_key_value_heads=num_kv_heads or num_heads,
         max_position_embeddings=max_position_embeddings,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,

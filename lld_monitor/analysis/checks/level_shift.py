@@ -62,6 +62,7 @@ from lld_monitor.analysis.stats import (
     glr_ref_rows,
     glr_rows_per_false_alarm,
     glr_threshold,
+    sorted_median,
     trimmed_sd,
 )
 from lld_monitor.analysis.trend import from_json_float, json_float
@@ -202,13 +203,8 @@ class _Baseline:
         if d >= self.every or (d == 3 and self.stats_[0] != self.stats_[0]):
             d = 0  # (the first stats come at 3 values, then every ``every`` values)
             srt = sorted(vals)  # (one sort: the median and the ends; no NaN is pushed)
-            n = len(srt)
-            h = n >> 1
-            self.stats_ = (srt[h] if n & 1 else 0.5 * (srt[h - 1] + srt[h]), srt[0], srt[-1])
+            self.stats_ = (sorted_median(srt), srt[0], srt[-1])
         self.dirty = d
-
-    def stats(self) -> tuple[float, float, float]:
-        return self.stats_
 
     def state(self) -> dict[str, Any]:
         return {
@@ -223,6 +219,12 @@ class _Baseline:
         self.dirty = int(d["dirty"])
         a, b, c = (_dec(v) for v in d["stats"])
         self.stats_ = (a, b, c)
+
+
+#: The corroborating signals whose finite values feed their baselines, read from ``Signals`` as
+#: attributes named as the columns (``zero_std``: only NaN is left out).
+_FINITE_SIGNALS = (C.GRAD_NORM, C.ENTROPY, C.COMPLETION_LENGTH, C.FRAC_TRUNCATED)
+_finite_signals = operator.attrgetter(*_FINITE_SIGNALS)
 
 
 class LevelShiftCollapse(Check):
@@ -267,6 +269,7 @@ class LevelShiftCollapse(Check):
         self._peak_n = 0
         self._sd = _NAN  # cached noise sd of a row (NaN: compute again)
         self._base: dict[str, _Baseline] = {k: _Baseline(cfg.baseline_rows) for k in self._SIGNALS}
+        self._finite_base = tuple(self._base[k] for k in _FINITE_SIGNALS)  # (loaded in place)
         self._corro_rows: deque[bool] = deque(maxlen=3)  # rows with a corroborating signal
         self._fired = False
         self._fallen = False  # the reward is still down after the alert
@@ -532,18 +535,16 @@ class LevelShiftCollapse(Check):
         return self._alert(int(s.step), best, c, corro)
 
     # --- corroborating signals -------------------------------------------------------------------
-    @staticmethod
-    def _zero_std(s: Any) -> float:
-        """The share of groups with identical rewards, as logged (``frac_zero_std_groups``).
-        A zero ``reward_std`` is not taken for it here: a step whose every reward is 0 has a
-        zero spread by arithmetic, so it would "corroborate" a low reward with itself."""
-        return s.frac_zero_std_groups
-
     def _corroboration(self, s: Any) -> list[str]:
         """The corroborating signals this row shows against their baselines (the values of the
         rows before it that corroborated nothing): past a multiple of the baseline's median AND
         outside its whole range, so a signal that flips between two levels in a healthy run
-        (grad norm ~0 on steps whose groups are all identical) corroborates nothing."""
+        (grad norm ~0 on steps whose groups are all identical) corroborates nothing.
+
+        The share of groups with identical rewards is taken as logged
+        (``frac_zero_std_groups``), never from a zero ``reward_std``: a step whose every reward
+        is 0 has a zero spread by arithmetic, so it would "corroborate" a low reward with
+        itself."""
         cfg = self.shift
         out: list[str] = []
         base = self._base
@@ -571,7 +572,7 @@ class LevelShiftCollapse(Check):
             m, _, hi = base[C.FRAC_TRUNCATED].stats_
             if tr >= cfg.truncated_frac and m < 0.5 * cfg.truncated_frac and tr > hi:
                 out.append(f"{100 * tr:.0f}% of completions at the length cap (before {m:.0%})")
-        zs = s.frac_zero_std_groups  # (_zero_std: as logged)
+        zs = s.frac_zero_std_groups  # (as logged: see above)
         if zs == zs:
             m, _, hi = base["zero_std"].stats_
             if zs >= cfg.zero_std_frac and m < 0.5 and zs > hi:
@@ -579,22 +580,12 @@ class LevelShiftCollapse(Check):
         return out
 
     def _push_baselines(self, s: Any) -> None:
-        base = self._base  # (the _SIGNALS, read as attributes; a finite value is pushed)
-        v = s.grad_norm
-        if v - v == 0.0:
-            base[C.GRAD_NORM].push(v)
-        v = s.entropy
-        if v - v == 0.0:
-            base[C.ENTROPY].push(v)
-        v = s.completion_length
-        if v - v == 0.0:
-            base[C.COMPLETION_LENGTH].push(v)
-        v = s.frac_truncated
-        if v - v == 0.0:
-            base[C.FRAC_TRUNCATED].push(v)
-        zs = s.frac_zero_std_groups  # (_zero_std: as logged)
+        for v, b in zip(_finite_signals(s), self._finite_base):
+            if v - v == 0.0:  # finite
+                b.push(v)
+        zs = s.frac_zero_std_groups  # (as logged: see _corroboration)
         if zs == zs:
-            base["zero_std"].push(zs)
+            self._base["zero_std"].push(zs)
 
     # --- output -----------------------------------------------------------------------------------
     def _alert(
