@@ -111,6 +111,9 @@ def fit_from_state(d: list[Any] | None) -> TrendFit | None:
     return TrendFit(*(int(v) if i in _FIT_INTS else _dec(v) for i, v in enumerate(d)))
 
 
+_MAX_LOG_RATIO = 700.0  # log of the largest grad-norm ratio reported (exp(709.8) overflows)
+
+
 def _others(rw: float, h: float, kl: float, ln: float) -> bool:
     """The row carries another training value (reward, entropy, KL or length is finite): a NaN
     loss or grad norm beside it is non-finite, not missing. Asked only of a NaN row."""
@@ -528,7 +531,8 @@ class Signals:
         gs, hs, ks = self.log_grad_slow, self.entropy_slow, self.kl_slow
         g_ratio = _NAN
         if gs == gs:
-            up = self.log_grad_fast - gs
+            # (capped: grad norms ~1e287 apart overflow exp; every threshold is far below e^700)
+            up = min(self.log_grad_fast - gs, _MAX_LOG_RATIO)
             g_ratio = math.exp(up) if up > k * damp * self.log_grad_dev else min(1.0, math.exp(up))
         h_ratio = _NAN
         if hs == hs and hs > 0.0:

@@ -402,6 +402,17 @@ def test_any_row_values_never_raise():
     check()
 
 
+def test_grad_norms_hundreds_of_decades_apart_do_not_overflow_the_ratio():
+    # found by test_any_row_values_never_raise: log(1.6e287 / 1.4e-287) = 1322 overflowed exp
+    det = PhaseDetector(warmup_steps=2, warmup_rows=2)
+    rows = [{C.GRAD_NORM: 1.35485079398782e-287}, {}, {}, {}, {}, {C.GRAD_NORM: 1.6e287}]
+    for i, row in enumerate(rows):
+        det.update({C.STEP: i, **row})
+    g_ratio = det.signals.ratios()[0]
+    assert g_ratio == math.exp(700.0)  # the cap: far past every surge threshold
+    assert det.phase in C.PHASES
+
+
 def test_analyzer_never_imports_torch(tmp_path):
     # the analyzer eats numbers: detector, offline analysis of a CSV path, generator, evaluation
     import subprocess
