@@ -202,3 +202,97 @@ def glr_scan(
         best_len[sel] = length
     best[np.isinf(best)] = np.nan
     return best, best_len
+
+
+# --- Student t tail ---------------------------------------------------------------------------
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta (modified Lentz; Numerical Recipes
+    ``betacf``), converged to 1e-15 relative."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 100_000):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta I_x(a, b) for a, b > 0 and 0 <= x <= 1."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_upper_tail(t: float, df: float) -> float:
+    """P(T > t) for Student's t with ``df`` > 0 degrees of freedom."""
+    x = df / (df + t * t)
+    half = 0.5 * _betainc(0.5 * df, 0.5, x)  # P(|T| > |t|) / 2
+    return half if t >= 0.0 else 1.0 - half
+
+
+def t_upper_quantile(df: float, alpha: float) -> float:
+    """The t with P(T > t) = ``alpha`` (0 < alpha < 1) for Student's t with ``df`` > 0 degrees of
+    freedom: scipy's ``stdtrit(df, 1 - alpha)`` to about 1e-12 relative, without importing scipy
+    (about 0.1 s of every command's start).
+
+    Exact closed forms for 1 and 2 degrees of freedom; otherwise Newton's method on
+    log P(T > t) from the Cornish-Fisher start (Abramowitz & Stegun 26.7.5), with the tail from
+    the regularized incomplete beta."""
+    if not (df > 0.0 and 0.0 < alpha < 1.0):
+        raise ValueError(f"t_upper_quantile needs df > 0 and 0 < alpha < 1, got {df}, {alpha}")
+    if alpha > 0.5:
+        return -t_upper_quantile(df, 1.0 - alpha)
+    if df == 1.0:  # Cauchy
+        return 1.0 / math.tan(math.pi * alpha)
+    if df == 2.0:
+        return (1.0 - 2.0 * alpha) / math.sqrt(2.0 * alpha * (1.0 - alpha))
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(1.0 - alpha) if alpha > 1e-300 else 37.5
+    z2 = z * z
+    t = z + (
+        (z2 + 1.0) * z / 4.0 / df
+        + ((5.0 * z2 + 16.0) * z2 + 3.0) * z / 96.0 / df**2
+        + (((3.0 * z2 + 19.0) * z2 + 17.0) * z2 - 15.0) * z / 384.0 / df**3
+    )
+    if not t > 0.0 or not math.isfinite(t):
+        t = z
+    log_alpha = math.log(alpha)
+    # log density constant of Student's t
+    log_c = math.lgamma(0.5 * (df + 1.0)) - math.lgamma(0.5 * df) - 0.5 * math.log(df * math.pi)
+    for _ in range(100):
+        tail = t_upper_tail(t, df)
+        log_pdf = log_c - 0.5 * (df + 1.0) * math.log1p(t * t / df)
+        # g(t) = log tail - log alpha; g'(t) = -pdf / tail
+        step = (math.log(tail) - log_alpha) / math.exp(log_pdf - math.log(tail))
+        t_new = t + step
+        if t_new <= 0.0:
+            t_new = 0.5 * t
+        if abs(t_new - t) <= 1e-14 * abs(t_new):
+            return t_new
+        t = t_new
+    return t

@@ -15,7 +15,8 @@ the test's t statistic then uses the effective sample size of an AR(1) residual 
 2000, "Statistical significance of trends and trend differences in layer-average atmospheric
 temperature time series": ``n_eff = n (1 - r1) / (1 + r1)`` with ``r1`` the lag-1
 autocorrelation of the residuals), with Student's t critical values
-(``scipy.special.stdtrit``) at ``n_eff - 2`` degrees of freedom.
+(``stats.t_upper_quantile``, scipy's ``stdtrit`` without scipy) at ``n_eff - 2`` degrees of
+freedom.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from collections import deque
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any, NamedTuple
+
+from lld_monitor.analysis.stats import t_upper_quantile
 
 _NAN = float("nan")
 _RHO_MEMORY = 0.005  # EMA weight of the noise-autocorrelation estimate (~200 observations)
@@ -70,9 +73,8 @@ class TrendFit(NamedTuple):
 def t_critical(df10: int, alpha_micro: int) -> float:
     """One-sided Student t critical value at level ``alpha_micro`` * 1e-6 for ``df10 / 10``
     degrees of freedom."""
-    from scipy.special import stdtrit  # inverse Student t CDF (lighter than scipy.stats)
-
-    return float(stdtrit(max(df10 / 10.0, 1.0), 1.0 - alpha_micro * 1e-6))
+    p = 1.0 - alpha_micro * 1e-6  # (the tail 1 - p, exact in floats: as scipy's stdtrit takes it)
+    return t_upper_quantile(max(df10 / 10.0, 1.0), 1.0 - p)
 
 
 class MultiScaleTrend:

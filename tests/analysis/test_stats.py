@@ -87,3 +87,45 @@ def test_the_calibration_holds_on_fresh_noise() -> None:
     share = float(np.mean(np.array(peaks) >= 4.0))
     assert abs(share - 0.218) <= 0.1, share
     assert sum(p >= c_default for p in peaks) <= 2
+
+
+def test_t_upper_quantile_hand_values_and_scipy() -> None:
+    """Student t quantiles without scipy: closed forms by hand, textbook table values, and
+    scipy's stdtrit over the degrees of freedom and levels the trend test uses."""
+    from scipy.special import stdtrit
+
+    from lld_monitor.analysis.stats import t_upper_quantile, t_upper_tail
+
+    # 1 df (Cauchy): P(T > 1) = 1/4; 2 df: t = (1 - 2a) / sqrt(2a(1 - a)), at a = 0.1: 1.8856...
+    assert t_upper_quantile(1.0, 0.25) == pytest.approx(1.0, rel=1e-14)
+    assert t_upper_quantile(2.0, 0.1) == pytest.approx(0.8 / math.sqrt(0.18), rel=1e-14)
+    # printed tables: t(0.05; 10) = 1.812, t(0.01; 30) = 2.457, t(0.001; 5) = 5.893
+    assert t_upper_quantile(10.0, 0.05) == pytest.approx(1.812, abs=5e-4)
+    assert t_upper_quantile(30.0, 0.01) == pytest.approx(2.457, abs=5e-4)
+    assert t_upper_quantile(5.0, 0.001) == pytest.approx(5.893, abs=5e-4)
+    assert abs(t_upper_quantile(7.0, 0.5)) < 1e-12
+    assert t_upper_quantile(7.0, 0.9) == pytest.approx(-t_upper_quantile(7.0, 0.1), rel=1e-12)
+    for df in (1.0, 1.1, 1.5, 2.0, 2.3, 3.0, 4.7, 7.3, 10.0, 17.9, 64.2, 333.3, 1000.0, 5000.0):
+        for alpha in (0.4, 0.1, 0.05, 0.01, 3.7e-3, 1e-3, 1e-4, 1e-5, 1e-6):
+            p = 1.0 - alpha
+            t = t_upper_quantile(df, 1.0 - p)  # as trend.t_critical asks
+            assert t == pytest.approx(float(stdtrit(df, p)), rel=1e-10), (df, alpha)
+            assert t_upper_tail(t, df) == pytest.approx(1.0 - p, rel=1e-9)
+    for bad in ((0.0, 0.1), (-1.0, 0.1), (5.0, 0.0), (5.0, 1.0), (math.nan, 0.1)):
+        with pytest.raises(ValueError):
+            t_upper_quantile(*bad)
+
+
+def test_trend_critical_values_import_no_scipy() -> None:
+    """The trend test's critical values come without importing scipy (0.1 s of every start);
+    t(0.01) at 9.5 df lies between the table's 2.821 (9 df) and 2.764 (10 df)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from lld_monitor.analysis.trend import t_critical; "
+        "v = t_critical(95, 10000); assert 2.764 < v < 2.821, v; "
+        "print('scipy' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
