@@ -1073,3 +1073,43 @@ def test_smoothing_restarts_where_the_row_loop_restarts() -> None:
         want[a:b] = charts.ema(y[a:b], 0.9)
     np.testing.assert_array_equal(got, want)
     assert (got[100:140] == 0.0).all() and (got[2500:] == 0.3).all()
+
+
+def test_a_long_run_draws_at_once_and_its_analysis_follows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run at least ``BACKGROUND_BYTES`` large is analysed in a worker process: the first
+    render has the charts, an "analysing" badge and note, no phase bands; a later rerun has the
+    same verdict and collapse numbers as ``lld-monitor analyze`` gives and the phase bands."""
+    import time
+
+    from lld_monitor.analysis.triage import triage_one
+    from lld_monitor.testing import make_run
+    from lld_monitor.testing import write_run as write_sim
+
+    write_sim(make_run("collapse", 400, seed=0), tmp_path / "long")
+    expected = triage_one(tmp_path / "long", tmp_path)
+    assert expected.verdict == "collapsed"
+    monkeypatch.setattr(sources, "BACKGROUND_BYTES", 1)  # every run counts as long
+    monkeypatch.setattr(sources, "_BACKGROUND", {})
+    monkeypatch.setattr(sources, "_VERDICTS", {})
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    assert at.multiselect[0].options == ["⏳ long · analysing"]
+    assert "Analysing 400 rows of **long** in the background" in all_text(at)
+    spec = chart_spec(at)  # the charts are complete: every row of the reward is drawn
+    assert len(spec["data"]) > 0
+    assert not [s for s in spec["layout"].get("shapes", []) if s.get("type") == "rect"]
+    for _ in range(120):
+        if not sources.background_pending():
+            break
+        time.sleep(0.25)
+    assert sources.background_pending() == 0
+    at.run()
+    assert not at.exception
+    label = at.multiselect[0].options[0]
+    assert label.startswith(f"🔴 long · collapsed ({expected.worst['kind']} at step ")
+    text = all_text(at).replace("\\", "")
+    assert "in the background" not in text
+    assert "Collapse: the reward fell below half its peak at step" in text
+    assert [s for s in chart_spec(at)["layout"].get("shapes", []) if s.get("type") == "rect"]

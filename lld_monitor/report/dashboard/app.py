@@ -407,6 +407,12 @@ def main_view(args: sources.AppArgs, settings: dict[str, object]) -> None:
             render_header_compact(live, color, float(settings["stale_s"]))
         else:
             render_header(live, color, float(settings["stale_s"]))
+        if live.analysis_pending and live.analysis is None:
+            st.info(
+                f"Analysing {live.n_rows:,} rows of **{md(live.target.name)}** in the background: "
+                "the phases, post-hoc alerts and verdict appear here when it is done (alerts "
+                "fired live are already shown)."
+            )
         readable.append(live)
     if not readable:
         return
@@ -485,6 +491,18 @@ def main() -> None:
     }
     view = st.fragment(main_view, run_every=float(refresh_s) if live_on else None)
     view(args, settings)
+    if sources.background_pending():  # a long run's first analysis: redraw when it is done
+        st.fragment(_await_background, run_every=POLL_S)()
+
+
+#: How often the page looks whether a background analysis is done (seconds).
+POLL_S = 1.0
+
+
+def _await_background() -> None:
+    """Rerun the whole page once no background analysis is under way any more."""
+    if not sources.background_pending():
+        st.rerun()
 
 
 if __name__ == "__main__":  # streamlit runs this file as __main__ (`lld-monitor dashboard`)

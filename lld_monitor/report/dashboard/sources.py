@@ -444,6 +444,10 @@ class LiveRun:
         self._analysis_rows = n
         self._analysis_time = self.clock()
         if first:
+            pending = verdict_future(self.target)
+            if pending is not None:  # a long run: the picker's analysis is on its way
+                self._pending = pending
+                return
             handed = take_verdict_analysis(self.target, n, self._store.last_step)
             if handed is not None:  # the picker's verdict analysed these very rows
                 self.analysis, self.analysis_error = handed, None
@@ -466,7 +470,7 @@ class LiveRun:
     def _collect_analysis(self) -> None:
         if self._pending is not None and self._pending.done():
             future, self._pending = self._pending, None
-            self._take_analysis(future.result)
+            self._take_analysis(_analysis_of, future)
 
     def _take_analysis(self, fn: Callable[..., Any], *args: Any) -> None:
         try:
@@ -626,6 +630,18 @@ def _analyze(steps: pd.DataFrame) -> Any:
     return analyze_run(steps)
 
 
+def _analysis_of(future: concurrent.futures.Future) -> Any:
+    """The analysis a future brings: ``_analyze``'s, or the second of ``triage.analyse_one``'s
+    (verdict, analysis) pair (None when the run did not analyse: its verdict says why)."""
+    out = future.result()
+    if isinstance(out, tuple):
+        verdict, analysis = out
+        if analysis is None:
+            raise ValueError(verdict.error or f"the run is {verdict.verdict}")
+        return analysis
+    return out
+
+
 @functools.cache
 def _analysis_executor() -> concurrent.futures.ThreadPoolExecutor:
     """One background thread for re-analyses, shared by every session of the server."""
@@ -640,6 +656,7 @@ VERDICT_BADGE: dict[str, str] = {
     "critical": "🟠",
     "warning": "🟡",
     "healthy": "🟢",
+    "analysing": "⏳",
     "unreadable": "⚪",
     "skipped": "⚪",
 }
@@ -661,13 +678,77 @@ def run_verdict(target: Target) -> Any:
     except OSError:
         key = (0.0, -1)
     now = time.monotonic()
-    hit = _VERDICTS.get(str(target.path))
+    path = str(target.path)
+    pending = _BACKGROUND.get(path)
+    if pending is not None:
+        if not pending[1].done():
+            return _pending_verdict(target)
+        del _BACKGROUND[path]
+        try:
+            verdict, analysis = pending[1].result()
+        except Exception as exc:  # the worker process died (out of memory): said, not raised
+            verdict = triage.RunVerdict(
+                target.name, path, "unreadable", error=f"background analysis failed: {exc}"
+            )
+            analysis = None
+        verdict.name = target.name
+        _VERDICTS[path] = (pending[0], now, verdict, analysis)
+        return verdict
+    hit = _VERDICTS.get(path)
     if hit is not None and (hit[0] == key or now - hit[1] < VERDICT_REFRESH_S):
         return hit[2]
+    if key[1] >= BACKGROUND_BYTES:  # a long run: the page draws while a worker analyses it
+        try:
+            future = _background_pool().submit(triage.analyse_one, target.path, target.path.parent)
+        except Exception:  # (a broken pool: a new one next time; this run analyses here)
+            _background_pool.cache_clear()
+        else:
+            _BACKGROUND[path] = (key, future, time.monotonic())
+            return _pending_verdict(target)
     verdict, analysis = triage.analyse_one(target.path, target.path.parent)
     verdict.name = target.name
-    _VERDICTS[str(target.path)] = (key, now, verdict, analysis)
+    _VERDICTS[path] = (key, now, verdict, analysis)
     return verdict
+
+
+#: A run whose files are at least this large is analysed in a worker process: the page draws
+#: its charts at once and the phases, alerts and verdict follow (about 60k rows of 20 columns
+#: a second on one core; 100k rows take 2-3 s).
+BACKGROUND_BYTES = 8 << 20
+#: Run path -> (its file key, the future of ``triage.analyse_one``, when it was started).
+_BACKGROUND: dict[str, tuple[tuple[float, int], concurrent.futures.Future, float]] = {}
+
+
+@functools.cache
+def _background_pool() -> concurrent.futures.ProcessPoolExecutor:
+    """One worker process for the first analyses of long runs, shared by every session of
+    the server. Started by a fork server (a clean single-threaded process with the analyzer
+    imported), never forked from the threaded server itself."""
+    import multiprocessing as mp
+
+    methods = mp.get_all_start_methods()
+    ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" in methods:
+        ctx.set_forkserver_preload(["lld_monitor.analysis.triage"])
+    return concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+
+
+def _pending_verdict(target: Target) -> Any:
+    """The picker's stand-in verdict of a run being analysed in the background."""
+    from lld_monitor.analysis import triage
+
+    return triage.RunVerdict(target.name, str(target.path), "analysing")
+
+
+def verdict_future(target: Target) -> concurrent.futures.Future | None:
+    """The background analysis of ``target`` still under way, or None."""
+    pending = _BACKGROUND.get(str(target.path))
+    return pending[1] if pending is not None and not pending[1].done() else None
+
+
+def background_pending() -> int:
+    """How many background analyses are under way (the page polls until none is)."""
+    return sum(not p[1].done() for p in _BACKGROUND.values())
 
 
 def take_verdict_analysis(target: Target, rows: int, last_step: float) -> Any:
@@ -688,10 +769,14 @@ def take_verdict_analysis(target: Target, rows: int, last_step: float) -> Any:
 
 def verdict_order(names: Sequence[str], verdicts: dict[str, Any]) -> list[str]:
     """``names`` sorted as the triage table sorts runs: worst verdict first, then the latest
-    worst alert, then by name."""
+    worst alert, then by name; runs still being analysed (their verdict unknown) first."""
     from lld_monitor.analysis import triage
 
-    return sorted(names, key=lambda n: triage.sort_key(verdicts[n]))
+    def key(n: str) -> tuple[int, int, str]:
+        v = verdicts[n]
+        return (-1, 0, v.name) if v.verdict == "analysing" else triage.sort_key(v)
+
+    return sorted(names, key=key)
 
 
 def picker_label(name: str, verdict: Any) -> str:
