@@ -130,9 +130,12 @@ def triage_one(path: Path, root: Path, run: str | None = None) -> RunVerdict:
     return analyse_one(path, root, run)[0]
 
 
-def analyse_one(path: Path, root: Path, run: str | None = None) -> tuple[RunVerdict, Any]:
+def analyse_one(
+    path: Path, root: Path, run: str | None = None, table: Any = None
+) -> tuple[RunVerdict, Any]:
     """``triage_one``'s verdict and the analysis behind it (None when the run did not read or
-    analyse): a caller that also shows the run (the dashboard) needs not analyse it again."""
+    analyse): a caller that also shows the run (the dashboard) needs not analyse it again.
+    ``table``: the run's step table when the caller has read it already (not read again)."""
     from lld_monitor.analysis import analyze_run
     from lld_monitor.importers import load_table
 
@@ -140,7 +143,7 @@ def analyse_one(path: Path, root: Path, run: str | None = None) -> tuple[RunVerd
     if run is not None:
         name = f"{name} [{run}]"
     try:
-        df = load_table(path, run=run)
+        df = load_table(path, run=run) if table is None else table
         analysis = analyze_run(df)
     except Exception as exc:  # one bad run never stops the triage: its line says why
         message = " ".join(str(exc).split()) or type(exc).__name__

@@ -484,3 +484,39 @@ def test_charts_draw_the_truth_in_chromium(tmp_path: Path) -> None:
             assert _value_at(lam, 100) == 0.0
         finally:
             browser.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (make browser)")
+def test_long_run_draws_first_and_its_verdict_follows_in_chromium(tmp_path: Path) -> None:
+    """A run past ``sources.BACKGROUND_BYTES`` (25k rows, about 10 MB): the page shows its
+    charts while the picker says "analysing", then, with no click, the verdict of the worker's
+    analysis (the one ``lld-monitor analyze`` gives) replaces it and the note goes."""
+    from lld_monitor.analysis.triage import triage_one
+    from lld_monitor.report.dashboard import sources
+    from lld_monitor.testing import make_run
+    from lld_monitor.testing import write_run as write_sim
+
+    root = tmp_path / "runs"
+    write_sim(make_run("collapse", 25_000, seed=0), root / "long")
+    size = sum(p.stat().st_size for p in (root / "long").rglob("*") if p.is_file())
+    assert size >= sources.BACKGROUND_BYTES, size
+    expected = triage_one(root / "long", root)  # what `lld-monitor analyze ROOT` says
+    label = f"{sources.VERDICT_BADGE[expected.verdict]} long · {expected.verdict}"
+    with _serve(root) as url, sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1200})
+            page.goto(url, wait_until="domcontentloaded")
+            page.get_by_text("⏳ long · analysing").first.wait_for(timeout=60_000)
+            page.get_by_text("in the background").first.wait_for(timeout=10_000)
+            page.wait_for_function(
+                "() => { const g = document.querySelector('.js-plotly-plot');"
+                " return g && g._fullData && g._fullData.length > 0; }",
+                timeout=60_000,
+            )
+            page.get_by_text(label, exact=False).first.wait_for(timeout=90_000)
+            page.get_by_text("in the background").first.wait_for(state="detached", timeout=30_000)
+            assert page.get_by_text("⏳ long · analysing").count() == 0
+            page.screenshot(path=str(ARTIFACTS / "dashboard-long-run.png"), full_page=True)
+        finally:
+            browser.close()

@@ -407,13 +407,14 @@ def main_view(args: sources.AppArgs, settings: dict[str, object]) -> None:
             render_header_compact(live, color, float(settings["stale_s"]))
         else:
             render_header(live, color, float(settings["stale_s"]))
-        if live.analysis_pending and live.analysis is None:
+        if live.awaiting_first_analysis:
             st.info(
                 f"Analysing {live.n_rows:,} rows of **{md(live.target.name)}** in the background: "
                 "the phases, post-hoc alerts and verdict appear here when it is done (alerts "
                 "fired live are already shown)."
             )
         readable.append(live)
+    sources.start_background(live_runs)  # long runs: analysed by the worker from here on
     if not readable:
         return
     step_range = select_range(readable)

@@ -242,6 +242,14 @@ class ColumnStore:
         m = len(rows)
         if m == 0:
             return
+        if self._cap == 0:  # the first rows: their float arrays become the columns (no copy;
+            # a later append grows them into new buffers and never writes into these)
+            for col in rows.columns:
+                self._cols[col] = pd.to_numeric(rows[col], errors="coerce").to_numpy(
+                    dtype=float, na_value=np.nan
+                )
+            self._n = self._cap = m
+            return
         if self._n + m > self._cap:
             self._grow(max(2 * self._cap, self._n + m, 1024))
         for col in rows.columns:
@@ -448,6 +456,8 @@ class LiveRun:
             if pending is not None:  # a long run: the picker's analysis is on its way
                 self._pending = pending
                 return
+            if str(self.target.path) in _DEFERRED:  # ... or will be (start_background)
+                return
             handed = take_verdict_analysis(self.target, n, self._store.last_step)
             if handed is not None:  # the picker's verdict analysed these very rows
                 self.analysis, self.analysis_error = handed, None
@@ -460,6 +470,13 @@ class LiveRun:
     def analysis_pending(self) -> bool:
         """True while a background analysis is running."""
         return self._pending is not None and not self._pending.done()
+
+    @property
+    def awaiting_first_analysis(self) -> bool:
+        """True while a long run's first analysis is in the worker or about to go there."""
+        if self.analysis is not None or self.analysis_error is not None:
+            return False
+        return self.analysis_pending or str(self.target.path) in _DEFERRED
 
     def wait_analysis(self, timeout: float | None = None) -> None:
         """Block until a background analysis is done and take its result (tests, benchmarks)."""
@@ -698,13 +715,8 @@ def run_verdict(target: Target) -> Any:
     if hit is not None and (hit[0] == key or now - hit[1] < VERDICT_REFRESH_S):
         return hit[2]
     if key[1] >= BACKGROUND_BYTES:  # a long run: the page draws while a worker analyses it
-        try:
-            future = _background_pool().submit(triage.analyse_one, target.path, target.path.parent)
-        except Exception:  # (a broken pool: a new one next time; this run analyses here)
-            _background_pool.cache_clear()
-        else:
-            _BACKGROUND[path] = (key, future, time.monotonic())
-            return _pending_verdict(target)
+        _DEFERRED[path] = (key, target)  # (handed to the worker by start_background)
+        return _pending_verdict(target)
     verdict, analysis = triage.analyse_one(target.path, target.path.parent)
     verdict.name = target.name
     _VERDICTS[path] = (key, now, verdict, analysis)
@@ -717,6 +729,41 @@ def run_verdict(target: Target) -> Any:
 BACKGROUND_BYTES = 8 << 20
 #: Run path -> (its file key, the future of ``triage.analyse_one``, when it was started).
 _BACKGROUND: dict[str, tuple[tuple[float, int], concurrent.futures.Future, float]] = {}
+#: Long runs whose verdict was asked for and whose analysis is not started yet: path -> (key,
+#: target).
+_DEFERRED: dict[str, tuple[tuple[float, int], Target]] = {}
+
+
+def start_background(lives: Sequence[LiveRun]) -> None:
+    """Hand the long runs the picker asked verdicts for to the worker process: a run on the page
+    with the rows its follower has just read (the worker does not read the files again, nor
+    compete with the page for the disk and cores while it reads them), any other from its
+    files. Each shown run then waits for that one analysis (it serves the picker too)."""
+    if not _DEFERRED:
+        return
+    from lld_monitor.analysis import triage
+
+    shown = {str(live.target.path): live for live in lives}
+    for path, (key, target) in list(_DEFERRED.items()):
+        live = shown.get(path)
+        try:
+            if live is not None and live.n_rows and live.error is None:
+                table = live.steps.copy(deep=False)  # (its own attrs; the data is shared)
+                table.attrs["source_format"] = live.meta.get("source_format", "lld_run")
+                future = _background_pool().submit(
+                    triage.analyse_one, target.path, target.path.parent, None, table
+                )
+            else:
+                future = _background_pool().submit(
+                    triage.analyse_one, target.path, target.path.parent
+                )
+        except Exception:  # (a broken pool: a new one on the next call; analysed then)
+            _background_pool.cache_clear()
+            return
+        del _DEFERRED[path]
+        _BACKGROUND[path] = (key, future, time.monotonic())
+        if live is not None and live._pending is None and live.analysis is None:
+            live._pending = future
 
 
 @functools.cache
@@ -747,8 +794,9 @@ def verdict_future(target: Target) -> concurrent.futures.Future | None:
 
 
 def background_pending() -> int:
-    """How many background analyses are under way (the page polls until none is)."""
-    return sum(not p[1].done() for p in _BACKGROUND.values())
+    """How many background analyses are under way or waiting to start (the page polls until
+    none is)."""
+    return len(_DEFERRED) + sum(not p[1].done() for p in _BACKGROUND.values())
 
 
 def take_verdict_analysis(target: Target, rows: int, last_step: float) -> Any:
