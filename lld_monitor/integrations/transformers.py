@@ -271,16 +271,19 @@ class TrainerAdapter:
         self._installed = False
         self._restored = False
         self.hook_seconds = 0.0  # wall time spent in the monitor's hooks (overhead, benchmarks)
+        self.hook_cpu_seconds = 0.0  # process CPU time in them (other processes' load: not in)
 
     @contextmanager
     def hook(self, name: str) -> Iterator[None]:
-        """A top-level hook: the monitor's failure policy, and its time added to hook_seconds."""
-        t0 = time.perf_counter()
+        """A top-level hook: the monitor's failure policy, and its time added to hook_seconds
+        (wall) and hook_cpu_seconds (process CPU)."""
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             with self.monitor.guard(name):
                 yield
         finally:
             self.hook_seconds += time.perf_counter() - t0
+            self.hook_cpu_seconds += time.process_time() - c0
 
     # -- install ------------------------------------------------------------------------------
 

@@ -1091,3 +1091,41 @@ def test_a_grpo_reward_function_that_raises_still_ends_the_run_log(tmp_path: Any
     assert len(ends) == 1 and "reward server unreachable" in ends[C.EVENT_MESSAGE].iloc[0]
     assert ends[C.EVENT_SEVERITY].iloc[0] == "critical"
     assert (tmp_path / "run" / "closed.json").is_file() and monitor.closed
+
+
+class _SlowSink:
+    """A sink that sleeps ``sleep`` s (wall, no CPU) and spins ``spin`` s of CPU per row."""
+
+    def __init__(self, sleep: float, spin: float) -> None:
+        self.sleep, self.spin = sleep, spin
+
+    def log_step(self, row: dict[str, Any]) -> None:
+        import time
+
+        time.sleep(self.sleep)
+        end = time.process_time() + self.spin
+        while time.process_time() < end:
+            pass
+
+    def alert(self, alert: Alert) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_hook_accounting_counts_wall_and_cpu_time_of_the_monitor(tmp_path: Any) -> None:
+    """Work the monitor does for a row (here a sink's) is charged to its hooks: its wall time to
+    ``hook_seconds``, its CPU time to ``hook_cpu_seconds`` (a sleep costs no CPU)."""
+    import time
+
+    monitor = LLDMonitor(tmp_path / "run", sinks=[_SlowSink(sleep=0.1, spin=0.05)])
+    trainer = make_grpo_trainer(tmp_path / "tr", max_steps=3, steps_per_generation=2)
+    monitor.attach(trainer)
+    c0 = time.process_time()
+    trainer.train()
+    cpu = time.process_time() - c0
+    adapter = monitor.adapter
+    assert adapter.hook_seconds >= 3 * (0.1 + 0.05)  # three rows, each slept and spun
+    assert 3 * 0.05 <= adapter.hook_cpu_seconds <= cpu  # spun, and within the process's CPU
+    assert adapter.hook_cpu_seconds < adapter.hook_seconds - 0.2  # the 0.3 s slept: no CPU
