@@ -214,15 +214,22 @@ def decimate(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray,
         return x, y
     n_buckets = max_points // 2
     width = -(-n // n_buckets)  # ceil
-    pad = n_buckets * width - n
     yf = np.asarray(y, dtype=float)
-    lo = np.pad(np.where(np.isnan(yf), np.inf, yf), (0, pad), constant_values=np.inf)
-    hi = np.pad(np.where(np.isnan(yf), -np.inf, yf), (0, pad), constant_values=-np.inf)
-    base = np.arange(n_buckets) * width
-    i_min = base + lo.reshape(n_buckets, width).argmin(axis=1)  # [n_buckets]
-    i_max = base + hi.reshape(n_buckets, width).argmax(axis=1)  # [n_buckets]
-    idx = np.unique(np.concatenate([i_min, i_max, [0, n - 1]]))
-    idx = idx[idx < n]
+    if np.isnan(yf).any():  # NaN never wins a bucket
+        lo, hi = np.where(np.isnan(yf), np.inf, yf), np.where(np.isnan(yf), -np.inf, yf)
+    else:
+        lo = hi = yf
+    full = n // width  # whole buckets; the rest (fewer than ``width`` rows) is one more
+    base = np.arange(full) * width
+    parts = [
+        base + lo[: full * width].reshape(full, width).argmin(axis=1),  # [full]
+        base + hi[: full * width].reshape(full, width).argmax(axis=1),  # [full]
+        [0, n - 1],
+    ]
+    if full * width < n:
+        parts.append([full * width + lo[full * width :].argmin()])
+        parts.append([full * width + hi[full * width :].argmax()])
+    idx = np.unique(np.concatenate(parts))
     return np.asarray(x)[idx], yf[idx]
 
 
@@ -264,15 +271,18 @@ def gap_starts(x: np.ndarray) -> np.ndarray:
     return np.flatnonzero((dx > GAP_FACTOR * usual) & (dx > 1.0)) + 1
 
 
-def smooth(x: np.ndarray, y: np.ndarray, weight: float) -> np.ndarray:
+def smooth(
+    x: np.ndarray, y: np.ndarray, weight: float, gaps: np.ndarray | None = None
+) -> np.ndarray:
     """The EMA of a column's logged points (``x`` steps, ``y`` values, no NaN: [N] -> [N]),
     restarted at each gap and at each run of ``FLAT_RUN`` or more equal values, so that a
     constant, a dead tail of zeros and the level after a switch are drawn exactly, and no
-    smoothing carries a value across steps that were not measured."""
+    smoothing carries a value across steps that were not measured. ``gaps``: ``gap_starts(x)``
+    when the caller has it."""
     n = len(y)
     if weight == 0.0 or n == 0:
         return np.array(y, dtype=float)
-    starts = set(gap_starts(x).tolist())
+    starts = set((gap_starts(x) if gaps is None else gaps).tolist())
     yy = np.asarray(y, dtype=float)
     # the first index of each long run of equal values
     edges = np.concatenate(([0], np.flatnonzero(yy[1:] != yy[:-1]) + 1, [n]))  # run bounds
@@ -537,11 +547,13 @@ def log_floor(values: Sequence[np.ndarray]) -> float:
     return float(10.0 ** (math.floor(math.log10(min(positive))) - 1))
 
 
-def _segments(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+def _segments(
+    x: np.ndarray, y: np.ndarray, max_points: int, gaps: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The points to draw of a column's logged rows (``x``, ``y`` without NaN): the line is broken
-    at each gap (``gap_starts`` on the logged steps), repeats are compressed and each stretch is
-    decimated on its own."""
-    bounds = [0, *gap_starts(x).tolist(), len(x)]
+    at each gap (``gap_starts`` on the logged steps, or ``gaps`` when the caller has them),
+    repeats are compressed and each stretch is decimated on its own."""
+    bounds = [0, *(gap_starts(x) if gaps is None else gaps).tolist(), len(x)]
     xs: list[np.ndarray] = []
     ys: list[np.ndarray] = []
     for a, b in itertools.pairwise(bounds):
@@ -556,6 +568,20 @@ def _segments(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray
     if not xs:
         return np.array([]), np.array([])
     return np.concatenate(xs), np.concatenate(ys)
+
+
+#: A curve with at most this many points drawn shows its markers.
+MARKER_POINTS = 60
+
+
+def _few_points(x: np.ndarray, y: np.ndarray) -> bool:
+    """``len(compress_repeats(x, y)[0]) <= MARKER_POINTS``, cheaply for a long column: every
+    change of value keeps a point, so MARKER_POINTS changes or more settle it."""
+    if len(y) <= MARKER_POINTS:
+        return True
+    if np.count_nonzero(y[1:] != y[:-1]) >= MARKER_POINTS:
+        return False
+    return len(compress_repeats(x, y)[0]) <= MARKER_POINTS
 
 
 def _hover(run: str, label: str, unit: str) -> str:
@@ -594,9 +620,7 @@ def _run_traces(
                 # every curve carries its points (invisible on a dense one): a click anywhere on
                 # it selects a step, whose tokens the dashboard then shows
                 "mode": "lines+markers",
-                "marker": {"size": 4}
-                if len(compress_repeats(x_col, y_all)[0]) <= 60
-                else {"size": 6, "opacity": 0.0},
+                "marker": {"size": 4} if _few_points(x_col, y_all) else {"size": 6, "opacity": 0.0},
                 "legendgroup": run.name,
                 "showlegend": False,
                 "xaxis": f"x{row}",
@@ -623,8 +647,9 @@ def _run_traces(
                     }
                 )
                 y_all = np.where(zero, floor, y_all)
+            gaps = gap_starts(x_col)  # (once per column: the raw and smoothed lines share it)
             if show_raw or not smoothed:
-                x, y = _segments(x_col, y_all, max_points)
+                x, y = _segments(x_col, y_all, max_points, gaps)
                 out.append(
                     {
                         **common,
@@ -636,7 +661,7 @@ def _run_traces(
                     }
                 )
             if smoothed:
-                x, y = _segments(x_col, smooth(x_col, y_all, ema_weight), max_points)
+                x, y = _segments(x_col, smooth(x_col, y_all, ema_weight, gaps), max_points, gaps)
                 out.append(
                     {
                         **common,

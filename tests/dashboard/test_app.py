@@ -456,6 +456,40 @@ def test_decimate_keeps_spikes_and_ends() -> None:
     assert np.all(np.diff(xs) > 0)
 
 
+def test_decimate_equals_the_min_max_of_padded_buckets() -> None:
+    """``decimate`` against the plain definition (pad to whole buckets with +-inf, min and max
+    of each, the ends, indices past the end dropped), on random series with ties, NaN and
+    every remainder of the bucket width."""
+    rng = np.random.default_rng(0)
+
+    def reference(x: np.ndarray, y: np.ndarray, max_points: int):
+        n = len(y)
+        if n <= max_points or max_points < 4:
+            return x, y
+        n_buckets = max_points // 2
+        width = -(-n // n_buckets)
+        pad = n_buckets * width - n
+        lo = np.pad(np.where(np.isnan(y), np.inf, y), (0, pad), constant_values=np.inf)
+        hi = np.pad(np.where(np.isnan(y), -np.inf, y), (0, pad), constant_values=-np.inf)
+        base = np.arange(n_buckets) * width
+        i_min = base + lo.reshape(n_buckets, width).argmin(axis=1)
+        i_max = base + hi.reshape(n_buckets, width).argmax(axis=1)
+        idx = np.unique(np.concatenate([i_min, i_max, [0, n - 1]]))
+        idx = idx[idx < n]
+        return x[idx], y[idx]
+
+    for n in [5, 61, 999, 1000, 1001, 4099, 20_000]:
+        for max_points in [4, 7, 60, 200, 1000]:
+            y = rng.integers(0, 5, n).astype(float)  # many ties
+            y[rng.random(n) < 0.05] = np.nan
+            if n > 100:
+                y[17:60] = np.nan  # a whole bucket of NaN
+            x = np.arange(n, dtype=float) * 2.0
+            got, want = charts.decimate(x, y, max_points), reference(x, y, max_points)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+
+
 def test_slice_steps_inclusive() -> None:
     df = pd.DataFrame({C.STEP: [0, 2, 4, 6, 8]})
     assert charts.slice_steps(df, (2, 6))[C.STEP].tolist() == [2, 4, 6]
