@@ -514,7 +514,12 @@ def test_long_run_draws_first_and_its_verdict_follows_in_chromium(tmp_path: Path
                 " return g && g._fullData && g._fullData.length > 0; }",
                 timeout=60_000,
             )
-            page.get_by_text(label, exact=False).first.wait_for(timeout=90_000)
+            try:
+                page.get_by_text(label, exact=False).first.wait_for(timeout=90_000)
+            except Exception:  # what the page showed instead, for the report
+                page.screenshot(path=str(ARTIFACTS / "dashboard-long-run-failed.png"))
+                (ARTIFACTS / "dashboard-long-run-failed.txt").write_text(page.inner_text("body"))
+                raise
             page.get_by_text("in the background").first.wait_for(state="detached", timeout=30_000)
             assert page.get_by_text("⏳ long · analysing").count() == 0
             page.screenshot(path=str(ARTIFACTS / "dashboard-long-run.png"), full_page=True)
