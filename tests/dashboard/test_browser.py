@@ -525,3 +525,54 @@ def test_long_run_draws_first_and_its_verdict_follows_in_chromium(tmp_path: Path
             page.screenshot(path=str(ARTIFACTS / "dashboard-long-run.png"), full_page=True)
         finally:
             browser.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (make browser)")
+def test_server_stopped_during_a_background_analysis_leaves_no_process(tmp_path: Path) -> None:
+    """SIGTERM to the server alone while its worker analyses a long run: the server exits within
+    seconds (it does not wait for the analysis) and no process of its session is left."""
+    from lld_monitor.testing import make_run
+    from lld_monitor.testing import write_run as write_sim
+
+    root = tmp_path / "runs"
+    write_sim(make_run("collapse", 300_000, seed=0), root / "long")  # 7-10 s of analysis
+    port = _free_port()
+    cmd = [sys.executable, "-m", "lld_monitor.cli", "dashboard", str(root), "--port", str(port)]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the dashboard did not start"
+                time.sleep(0.5)
+        with sync_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(
+                executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+            )
+            try:
+                page = browser.new_page()
+                page.goto(url, wait_until="domcontentloaded")
+                page.get_by_text("in the background").first.wait_for(timeout=60_000)
+                time.sleep(1.0)  # the worker is busy with the run now
+                t0 = time.monotonic()
+                os.kill(proc.pid, signal.SIGTERM)  # the server alone, not its group
+                proc.wait(timeout=30)
+                assert time.monotonic() - t0 < 5
+            finally:
+                browser.close()
+        time.sleep(1.0)
+        ps = ["ps", "-o", "pid=,stat=,args=", "-s", str(proc.pid)]
+        lines = subprocess.run(ps, capture_output=True, text=True).stdout.splitlines()
+        running = [line for line in lines if line.split()[1][0] != "Z"]  # (zombies: exited)
+        assert running == [], "processes of the server's session still running:\n" + "\n".join(
+            running
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

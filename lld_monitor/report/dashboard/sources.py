@@ -777,7 +777,32 @@ def _background_pool() -> concurrent.futures.ProcessPoolExecutor:
     ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
     if "forkserver" in methods:
         ctx.set_forkserver_preload(["lld_monitor.analysis.triage"])
-    return concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+    _stop_at_exit(pool)
+    return pool
+
+
+def _stop_at_exit(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """When the server stops, its worker stops too, at once: an analysis under way is dropped
+    (the executor's own exit handler would wait for it, up to a minute on a long run, and a
+    server killed alone would leave it running). Registered as the executor registers its own
+    handler, which then finds nothing to wait for (it runs after this one)."""
+    import atexit
+    import contextlib
+    import threading
+
+    def stop() -> None:
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            with contextlib.suppress(Exception):
+                proc.terminate()
+        with contextlib.suppress(Exception):
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    register = getattr(threading, "_register_atexit", None)  # (before interpreter shutdown)
+    try:
+        (register or atexit.register)(stop)
+    except RuntimeError:  # (the interpreter is already shutting down)
+        stop()
 
 
 def _pending_verdict(target: Target) -> Any:
