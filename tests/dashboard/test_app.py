@@ -1147,3 +1147,52 @@ def test_a_long_run_draws_at_once_and_its_analysis_follows(
     assert "in the background" not in text
     assert "Collapse: the reward fell below half its peak at step" in text
     assert [s for s in chart_spec(at)["layout"].get("shapes", []) if s.get("type") == "rect"]
+
+
+def test_a_worker_that_dies_leaves_a_reason_not_a_broken_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The analysis worker killed mid-run (out of memory, say): the picker names the run
+    unreadable with the reason, the header says the analysis failed, the charts stay; the next
+    long run gets a new worker and its verdict."""
+    import os
+    import signal
+    import time
+
+    from lld_monitor.testing import make_run
+    from lld_monitor.testing import write_run as write_sim
+
+    write_sim(make_run("collapse", 30_000, seed=0), tmp_path / "a")
+    monkeypatch.setattr(sources, "BACKGROUND_BYTES", 1)
+    monkeypatch.setattr(sources, "_BACKGROUND", {})
+    monkeypatch.setattr(sources, "_DEFERRED", {})
+    monkeypatch.setattr(sources, "_VERDICTS", {})
+    at = make_app(monkeypatch, tmp_path).run()
+    assert at.multiselect[0].options == ["⏳ a · analysing"]
+    pool = sources._background_pool()
+    for _ in range(100):  # the worker process is up once the run is handed over
+        if pool._processes:
+            break
+        time.sleep(0.05)
+    for pid in list(pool._processes):
+        os.kill(pid, signal.SIGKILL)
+    for _ in range(200):
+        if not sources.background_pending():
+            break
+        time.sleep(0.05)
+    at.run()
+    assert not at.exception
+    assert at.multiselect[0].options == ["⚪ a · unreadable"]
+    text = all_text(at)
+    assert "analysis failed" in text and len(at.get("plotly_chart")) == 1
+    # another long run (another page of the server): a new worker analyses it
+    write_sim(make_run("healthy", 300, seed=0), tmp_path / "other" / "b")
+    at = make_app(monkeypatch, tmp_path / "other").run()
+    assert at.multiselect[0].options == ["⏳ b · analysing"]
+    for _ in range(200):
+        if not sources.background_pending():
+            break
+        time.sleep(0.05)
+    at.run()
+    assert not at.exception
+    assert at.multiselect[0].options == ["🟢 b · healthy"]

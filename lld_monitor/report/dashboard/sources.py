@@ -746,20 +746,20 @@ def start_background(lives: Sequence[LiveRun]) -> None:
     shown = {str(live.target.path): live for live in lives}
     for path, (key, target) in list(_DEFERRED.items()):
         live = shown.get(path)
+        args: tuple[Any, ...] = (target.path, target.path.parent)
+        if live is not None and live.n_rows and live.error is None:
+            table = live.steps.copy(deep=False)  # (its own attrs; the data is shared)
+            table.attrs["source_format"] = live.meta.get("source_format", "lld_run")
+            args += (None, table)
         try:
-            if live is not None and live.n_rows and live.error is None:
-                table = live.steps.copy(deep=False)  # (its own attrs; the data is shared)
-                table.attrs["source_format"] = live.meta.get("source_format", "lld_run")
-                future = _background_pool().submit(
-                    triage.analyse_one, target.path, target.path.parent, None, table
-                )
-            else:
-                future = _background_pool().submit(
-                    triage.analyse_one, target.path, target.path.parent
-                )
-        except Exception:  # (a broken pool: a new one on the next call; analysed then)
+            future = _background_pool().submit(triage.analyse_one, *args)
+        except Exception:  # a broken pool (its worker died): a new one
             _background_pool.cache_clear()
-            return
+            try:
+                future = _background_pool().submit(triage.analyse_one, *args)
+            except Exception:  # (no worker can start: tried again on the next call)
+                _background_pool.cache_clear()
+                return
         del _DEFERRED[path]
         _BACKGROUND[path] = (key, future, time.monotonic())
         if live is not None and live._pending is None and live.analysis is None:
