@@ -112,6 +112,15 @@ def make_app(monkeypatch: pytest.MonkeyPatch, *paths: Path, query: str | None = 
     return at
 
 
+def wait_background(seconds: float = 30.0) -> None:
+    """Until no background analysis of the dashboard is under way (at most ``seconds``)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while sources.background_pending() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def option_names(at: AppTest) -> list[str]:
     """The run names of the picker's options (labels read "<badge> <name> · <verdict> ...")."""
     return [o.split(" ", 1)[1].split(" · ")[0] for o in at.multiselect[0].options]
@@ -1115,7 +1124,6 @@ def test_a_long_run_draws_at_once_and_its_analysis_follows(
     """A run at least ``BACKGROUND_BYTES`` large is analysed in a worker process: the first
     render has the charts, an "analysing" badge and note, no phase bands; a later rerun has the
     same verdict and collapse numbers as ``lld-monitor analyze`` gives and the phase bands."""
-    import time
 
     from lld_monitor.analysis.triage import triage_one
     from lld_monitor.testing import make_run
@@ -1134,10 +1142,7 @@ def test_a_long_run_draws_at_once_and_its_analysis_follows(
     spec = chart_spec(at)  # the charts are complete: every row of the reward is drawn
     assert len(spec["data"]) > 0
     assert not [s for s in spec["layout"].get("shapes", []) if s.get("type") == "rect"]
-    for _ in range(120):
-        if not sources.background_pending():
-            break
-        time.sleep(0.25)
+    wait_background()
     assert sources.background_pending() == 0
     at.run()
     assert not at.exception
@@ -1176,10 +1181,7 @@ def test_a_worker_that_dies_leaves_a_reason_not_a_broken_page(
         time.sleep(0.05)
     for pid in list(pool._processes):
         os.kill(pid, signal.SIGKILL)
-    for _ in range(200):
-        if not sources.background_pending():
-            break
-        time.sleep(0.05)
+    wait_background()
     at.run()
     assert not at.exception
     assert at.multiselect[0].options == ["⚪ a · unreadable"]
@@ -1189,10 +1191,34 @@ def test_a_worker_that_dies_leaves_a_reason_not_a_broken_page(
     write_sim(make_run("healthy", 300, seed=0), tmp_path / "other" / "b")
     at = make_app(monkeypatch, tmp_path / "other").run()
     assert at.multiselect[0].options == ["⏳ b · analysing"]
-    for _ in range(200):
-        if not sources.background_pending():
-            break
-        time.sleep(0.05)
+    wait_background()
     at.run()
     assert not at.exception
     assert at.multiselect[0].options == ["🟢 b · healthy"]
+
+
+def test_the_run_picker_keeps_its_choice_when_a_verdict_label_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The picker's options are labelled with the verdicts, and the browser sends back the label
+    it shows: one sent just as the label changed (the run's analysis arrived, "⏳ long ·
+    analysing" became "🔴 long · collapsed") still names the run, which stays chosen."""
+    from lld_monitor.testing import make_run
+    from lld_monitor.testing import write_run as write_sim
+
+    write_sim(make_run("collapse", 400, seed=0), tmp_path / "long")
+    write_sim(make_run("healthy", 300, seed=0), tmp_path / "other")
+    monkeypatch.setattr(sources, "BACKGROUND_BYTES", 1)
+    monkeypatch.setattr(sources, "_BACKGROUND", {})
+    monkeypatch.setattr(sources, "_DEFERRED", {})
+    monkeypatch.setattr(sources, "_VERDICTS", {})
+    at = make_app(monkeypatch, tmp_path, query="long").run()
+    stale = at.multiselect[0].options
+    assert "⏳ long · analysing" in stale and at.multiselect[0].value == ["long"]
+    wait_background()
+    at.run()
+    assert "⏳ long · analysing" not in at.multiselect[0].options
+    at.multiselect[0].set_value(["⏳ long · analysing"]).run()  # the label the browser showed
+    assert not at.exception
+    assert at.multiselect[0].value == ["long"]
+    assert "Select one or more runs above." not in all_text(at)

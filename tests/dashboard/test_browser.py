@@ -109,6 +109,13 @@ def live_run(tmp_path: Path) -> Iterator[tuple[Path, RunWriter]]:
 @contextlib.contextmanager
 def _serve(root: Path) -> Iterator[str]:
     """The real CLI, ``lld-monitor dashboard ROOT --port P``, in its own process group."""
+    with _serve_process(root) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def _serve_process(root: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``_serve``, with the server's process (the leader of its own session)."""
     port = _free_port()
     ARTIFACTS.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "lld_monitor.cli", "dashboard", str(root), "--port", str(port)]
@@ -130,7 +137,7 @@ def _serve(root: Path) -> Iterator[str]:
             if time.monotonic() > deadline:
                 pytest.fail("dashboard did not answer /_stcore/health within 90 s")
             time.sleep(0.5)
-        yield url
+        yield url, proc
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -536,36 +543,19 @@ def test_server_stopped_during_a_background_analysis_leaves_no_process(tmp_path:
 
     root = tmp_path / "runs"
     write_sim(make_run("collapse", 300_000, seed=0), root / "long")  # 7-10 s of analysis
-    port = _free_port()
-    cmd = [sys.executable, "-m", "lld_monitor.cli", "dashboard", str(root), "--port", str(port)]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "the dashboard did not start"
-                time.sleep(0.5)
-        with sync_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(
-                executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
-            )
-            try:
-                page = browser.new_page()
-                page.goto(url, wait_until="domcontentloaded")
-                page.get_by_text("in the background").first.wait_for(timeout=60_000)
-                time.sleep(1.0)  # the worker is busy with the run now
-                t0 = time.monotonic()
-                os.kill(proc.pid, signal.SIGTERM)  # the server alone, not its group
-                proc.wait(timeout=30)
-                assert time.monotonic() - t0 < 5
-            finally:
-                browser.close()
+    with _serve_process(root) as (url, proc), sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.goto(url, wait_until="domcontentloaded")
+            page.get_by_text("in the background").first.wait_for(timeout=60_000)
+            time.sleep(1.0)  # the worker is busy with the run now
+            t0 = time.monotonic()
+            os.kill(proc.pid, signal.SIGTERM)  # the server alone, not its group
+            proc.wait(timeout=30)
+            assert time.monotonic() - t0 < 5
+        finally:
+            browser.close()
         time.sleep(1.0)
         ps = ["ps", "-o", "pid=,stat=,args=", "-s", str(proc.pid)]
         lines = subprocess.run(ps, capture_output=True, text=True).stdout.splitlines()
@@ -573,6 +563,3 @@ def test_server_stopped_during_a_background_analysis_leaves_no_process(tmp_path:
         assert running == [], "processes of the server's session still running:\n" + "\n".join(
             running
         )
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)

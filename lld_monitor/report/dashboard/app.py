@@ -42,6 +42,13 @@ def _keep(key: str) -> None:
     st.session_state[f"{key}:kept"] = st.session_state[key]
 
 
+def _keep_runs(key: str) -> None:
+    """on_change of the run picker: ``_keep``, each value that is a label it showed (a verdict
+    changed as the browser sent it) taken as the run it named."""
+    labels = st.session_state.get(f"{key}:labels", {})
+    st.session_state[f"{key}:kept"] = [labels.get(v, v) for v in st.session_state[key]]
+
+
 def _restore(key: str, value: object) -> None:
     """Set a keyed widget's value before it is drawn (its options or bounds may have changed)."""
     st.session_state[key] = value
@@ -120,6 +127,10 @@ def select_runs(scope: sources.Scope) -> list[sources.Target]:
             first = [t.name for t in scope.targets]
         kept = from_query or first
         st.session_state[f"{key}:kept"] = kept
+    # every label shown so far names its run: the browser sends back the label it shows, which
+    # may be one the run had before its verdict changed ("⏳ run · analysing")
+    labels = st.session_state.setdefault(f"{key}:labels", {})
+    labels.update({sources.picker_label(n, verdicts[n]): n for n in names})
     _restore(key, [n for n in kept if n in by_name])
     chosen = st.multiselect(
         "Runs (overlaid, one colour per run; worst first: 🔴 collapsed, 🟠 critical, "
@@ -127,7 +138,7 @@ def select_runs(scope: sources.Scope) -> list[sources.Target]:
         options=names,
         format_func=lambda n: sources.picker_label(n, verdicts[n]),
         key=key,
-        on_change=_keep,
+        on_change=_keep_runs,
         args=(key,),
     )
     if st.query_params.get_all("run") != chosen:  # the URL names the runs shown
