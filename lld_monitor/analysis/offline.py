@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,9 +149,12 @@ REPLAY_CHUNK = 32768
 
 
 def replay(
-    df: pd.DataFrame, detector: PhaseDetector | None = None
+    df: pd.DataFrame,
+    detector: PhaseDetector | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[Alert], list[str], PhaseDetector]:
-    """Feed the (prepared) rows to a detector: (alerts, phase after each row, the detector)."""
+    """Feed the (prepared) rows to a detector: (alerts, phase after each row, the detector).
+    ``progress(rows done, rows)`` is called after every ``REPLAY_CHUNK`` rows and at the end."""
     det = detector if detector is not None else PhaseDetector()
     n = len(df)
     arrays = [_floats(df[c]) if c in df.columns else None for c in INPUT_COLUMNS]
@@ -180,6 +183,8 @@ def replay(
                 if new:
                     alerts.extend(new)
                 add_phase(det._phase)
+            if progress is not None:
+                progress(hi, n)
     finally:
         if shift is not None:
             shift.set_bound(None)
@@ -218,17 +223,24 @@ def _bound_level_shift(det: PhaseDetector, df: pd.DataFrame) -> Any:
 MAX_REFINEMENTS = 100  # change-point fits per run (~7 ms each); later boundaries stay as detected
 
 
-def analyze_run(obj: Any, *, config: DetectorConfig | None = None, refine: bool = True) -> Analysis:
+def analyze_run(
+    obj: Any,
+    *,
+    config: DetectorConfig | None = None,
+    refine: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> Analysis:
     """Analyse a whole run: ``Run``, DataFrame (canonical columns) or path.
 
     ``refine=False`` keeps the segment boundaries where the online detector became sure; with
     refinement, at most ``MAX_REFINEMENTS`` escalations get a change-point boundary.
+    ``progress(rows done, rows)``: called as the rows are replayed (``replay``).
     """
     df = prepare_steps(load_steps(obj))
     det = PhaseDetector(config)
     if df.empty:
         return Analysis([], [], None, [], list(INPUT_COLUMNS), det.limitations())
-    alerts, phases, det = replay(df, det)
+    alerts, phases, det = replay(df, det, progress)
     steps = df[C.STEP].to_numpy(dtype=np.int64)
     segments = _segments(phases, steps)
     notes = det.limitations()

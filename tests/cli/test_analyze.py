@@ -407,3 +407,43 @@ def test_a_closed_pipe_ends_the_command_without_a_traceback():
     )
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
+def test_long_analysis_reports_progress_on_stderr(tmp_path, capsys, monkeypatch):
+    """``analyze`` of one run says how far it is on stderr once the work takes a while (here:
+    at once); stdout keeps exactly the JSON; ``replay`` reports after every chunk of rows."""
+    import io
+
+    from lld_monitor.analysis import offline
+    from lld_monitor.cli import analyze as cli_analyze
+    from lld_monitor.testing import make_run
+
+    monkeypatch.setattr(offline, "REPLAY_CHUNK", 100)
+    steps = make_run("healthy", n_steps=450, seed=0).steps
+    seen: list[tuple[int, int]] = []
+    offline.replay(offline.prepare_steps(steps), progress=lambda d, t: seen.append((d, t)))
+    assert seen == [(100, 450), (200, 450), (300, 450), (400, 450), (450, 450)]
+
+    monkeypatch.setattr(cli_analyze, "PROGRESS_AFTER_S", 0.0)
+    log = io.StringIO()  # not a terminal: the first and the last line only
+    tick = cli_analyze.progress_line(log, "rows analysed")
+    for done in (100, 200, 300, 450):
+        tick(done, 450)
+    assert log.getvalue() == "analyze: 100/450 rows analysed\nanalyze: 450/450 rows analysed\n"
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()  # a terminal: one line, rewritten
+    tick = cli_analyze.progress_line(tty, "rows analysed")
+    tick(100, 450)
+    tick(450, 450)
+    assert tty.getvalue() == "analyze: 100/450 rows analysed\ranalyze: 450/450 rows analysed\n"
+
+    path = tmp_path / "run.csv"
+    steps.to_csv(path, index=False)
+    assert main(["analyze", str(path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["signals"]["used"]  # stdout: the JSON object alone
+    assert err.splitlines()[-1] == "analyze: 450/450 rows analysed"
