@@ -1222,3 +1222,47 @@ def test_the_run_picker_keeps_its_choice_when_a_verdict_label_changes(
     assert not at.exception
     assert at.multiselect[0].value == ["long"]
     assert "Select one or more runs above." not in all_text(at)
+
+
+def test_a_long_runs_verdict_stays_while_a_new_one_is_made_and_is_throttled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long run whose files change gets a new verdict from the worker: meanwhile the picker
+    keeps the one before (no "analysing" flicker); and it is made again at most every
+    ``VERDICT_COST_FACTOR`` times the last analysis took."""
+    import os
+
+    from lld_monitor.testing import make_run
+    from lld_monitor.testing import write_run as write_sim
+
+    write_sim(make_run("collapse", 400, seed=0), tmp_path / "long")
+    log = tmp_path / "long" / "steps.jsonl"
+    monkeypatch.setattr(sources, "BACKGROUND_BYTES", 1)
+    monkeypatch.setattr(sources, "VERDICT_REFRESH_S", 0.0)
+    monkeypatch.setattr(sources, "VERDICT_COST_FACTOR", 0.0)
+    for name in ("_BACKGROUND", "_DEFERRED", "_VERDICTS", "_VERDICT_COST"):
+        monkeypatch.setattr(sources, name, {})
+    at = make_app(monkeypatch, tmp_path).run()
+    assert at.multiselect[0].options == ["⏳ long · analysing"]
+    wait_background()
+    at.run()
+    first = at.multiselect[0].options
+    assert first[0].startswith("🔴 long · collapsed")
+    assert sources._VERDICT_COST[str(tmp_path / "long")] > 0.0
+    path = str(tmp_path / "long")
+    t = log.stat().st_mtime + 5.0
+    os.utime(log, (t, t))  # the run's files changed: a new verdict is made
+    at.run()
+    assert path in sources._BACKGROUND  # handed to the worker
+    assert at.multiselect[0].options == first  # the verdict before, not "analysing"
+    wait_background()
+    at.run()
+    assert at.multiselect[0].options == first  # (the same rows: the same verdict)
+    # throttled: the last analysis took c seconds; within VERDICT_COST_FACTOR * c, none again
+    monkeypatch.setattr(sources, "VERDICT_COST_FACTOR", 1e6)
+    os.utime(log, (t + 5.0, t + 5.0))
+    made = sources._VERDICTS[path][1]  # when the verdict was taken
+    at.run()
+    assert path not in sources._BACKGROUND and not sources._DEFERRED  # not analysed again
+    assert sources._VERDICTS[path][1] == made
+    assert at.multiselect[0].options == first

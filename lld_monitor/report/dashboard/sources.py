@@ -697,10 +697,12 @@ def run_verdict(target: Target) -> Any:
     now = time.monotonic()
     path = str(target.path)
     pending = _BACKGROUND.get(path)
+    hit = _VERDICTS.get(path)
     if pending is not None:
-        if not pending[1].done():
-            return _pending_verdict(target)
+        if not pending[1].done():  # the verdict before, while a new one is being made
+            return hit[2] if hit is not None else _pending_verdict(target)
         del _BACKGROUND[path]
+        _VERDICT_COST[path] = now - pending[2]
         try:
             verdict, analysis = pending[1].result()
         except Exception as exc:  # the worker process died (out of memory): said, not raised
@@ -711,12 +713,14 @@ def run_verdict(target: Target) -> Any:
         verdict.name = target.name
         _VERDICTS[path] = (pending[0], now, verdict, analysis)
         return verdict
-    hit = _VERDICTS.get(path)
-    if hit is not None and (hit[0] == key or now - hit[1] < VERDICT_REFRESH_S):
+    # a run that grows is analysed again at most every VERDICT_REFRESH_S, and a long one at most
+    # every VERDICT_COST_FACTOR times its last analysis (the worker busy 10% of the time at most)
+    refresh = max(VERDICT_REFRESH_S, VERDICT_COST_FACTOR * _VERDICT_COST.get(path, 0.0))
+    if hit is not None and (hit[0] == key or now - hit[1] < refresh):
         return hit[2]
     if key[1] >= BACKGROUND_BYTES:  # a long run: the page draws while a worker analyses it
         _DEFERRED[path] = (key, target)  # (handed to the worker by start_background)
-        return _pending_verdict(target)
+        return hit[2] if hit is not None else _pending_verdict(target)
     verdict, analysis = triage.analyse_one(target.path, target.path.parent)
     verdict.name = target.name
     _VERDICTS[path] = (key, now, verdict, analysis)
@@ -729,6 +733,10 @@ def run_verdict(target: Target) -> Any:
 BACKGROUND_BYTES = 8 << 20
 #: Run path -> (its file key, the future of ``triage.analyse_one``, when it was started).
 _BACKGROUND: dict[str, tuple[tuple[float, int], concurrent.futures.Future, float]] = {}
+#: A long run's verdict is made again at most every this many times its last analysis took.
+VERDICT_COST_FACTOR = 10.0
+#: Run path -> seconds its last background analysis took (queue included).
+_VERDICT_COST: dict[str, float] = {}
 #: Long runs whose verdict was asked for and whose analysis is not started yet: path -> (key,
 #: target).
 _DEFERRED: dict[str, tuple[tuple[float, int], Target]] = {}
