@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from lld_monitor import columns as C
 from lld_monitor.cli import main as cli_main
 from lld_monitor.importers import ImportFormatError, detect_format, load_table
-from lld_monitor.importers.wandb_run import BLOCK_LEN, wandb_file_of
+from lld_monitor.importers.wandb_run import BLOCK_LEN, HEADER_LEN, wandb_file_of
 
 wandb = pytest.importorskip("wandb")
 
@@ -109,7 +110,12 @@ def test_a_file_cut_in_a_block_gives_the_rows_before_the_cut(wandb_dir: Path, tm
 
 def test_a_bad_checksum_ends_the_reading_there(wandb_dir: Path, tmp_path) -> None:
     data = bytearray(wandb_file_of(_runs(wandb_dir)[0]).read_bytes())
-    data[BLOCK_LEN + 100] ^= 0xFF  # a damaged byte inside a record of the second block
+    # a damaged byte in the payload of the chunk that opens the second block (a block always
+    # opens with a chunk header; a fixed offset could fall in a later header, whose place moves
+    # with what wandb writes, and read as an unreadable chunk instead)
+    _, length, _ = struct.unpack_from("<IHB", data, BLOCK_LEN)
+    assert length > 0
+    data[BLOCK_LEN + HEADER_LEN + length // 2] ^= 0xFF
     bad = tmp_path / "run-bad.wandb"
     bad.write_bytes(bytes(data))
     df = load_table(bad)
