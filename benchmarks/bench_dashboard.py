@@ -180,10 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         warm = write_long_run(tmp / "warm" / "sim", 200)
         writers.append(warm)
         AppUnderTest(tmp / "warm", warm, 200).first_render()
-        if max(args.steps) * 400 >= 8 << 20:  # (rows x ~400 bytes: a run analysed by a worker)
-            from lld_monitor.report.dashboard import sources
+        from lld_monitor.report.dashboard import sources
 
-            sources._background_pool().submit(int).result()  # the worker's start, not reported
+        sources._background_pool().submit(int).result()  # the worker's start, not reported
         apps: dict[int, AppUnderTest] = {}
         for n in args.steps:
             root = tmp / f"root{n}"

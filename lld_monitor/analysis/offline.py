@@ -220,6 +220,32 @@ def _bound_level_shift(det: PhaseDetector, df: pd.DataFrame) -> Any:
     return check
 
 
+#: Seconds of work before ``progress_line`` shows anything.
+PROGRESS_AFTER_S = 1.0
+
+
+def progress_line(stream: Any, prefix: str, what: str) -> Callable[[int, int], None]:
+    """A ``progress(done, total)`` callback that writes ``prefix: done/total what`` to
+    ``stream`` once the work has taken ``PROGRESS_AFTER_S``: rewritten in place on a terminal,
+    else its first and last line only (a log stays short). ``stream`` None: silent."""
+    import time
+
+    t0 = time.monotonic()
+    tty = bool(getattr(stream, "isatty", lambda: False)())
+    shown = [False]
+
+    def tick(done: int, total: int) -> None:
+        if stream is None or time.monotonic() - t0 < PROGRESS_AFTER_S:
+            return
+        if tty or done >= total or not shown[0]:
+            end = "\r" if tty and done < total else "\n"
+            stream.write(f"{prefix}: {done:,}/{total:,} {what}{end}")
+            stream.flush()
+            shown[0] = True
+
+    return tick
+
+
 MAX_REFINEMENTS = 100  # change-point fits per run (~7 ms each); later boundaries stay as detected
 
 

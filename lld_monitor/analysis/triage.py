@@ -12,7 +12,6 @@ latest first), then by name.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -230,17 +229,12 @@ def triage(
             entries.append((path, None))
     base = root if root.is_dir() else root.parent
     jobs = default_jobs() if jobs is None else max(1, int(jobs))
-    t0 = time.monotonic()
-    tty = progress is not None and progress.isatty()
-    shown = [False]
+    from lld_monitor.analysis.offline import progress_line
+
+    line = progress_line(progress, "triage", "runs analysed")
 
     def tick(i: int) -> None:
-        if progress is not None and time.monotonic() - t0 > 1.0:
-            end = "\r" if tty and i < len(entries) else "\n"
-            if tty or i == len(entries) or not shown[0]:
-                progress.write(f"triage: {i}/{len(entries)} runs analysed{end}")
-                progress.flush()
-                shown[0] = True
+        line(i, len(entries))
 
     out: list[RunVerdict] = []
     if jobs > 1 and len(entries) >= PARALLEL_MIN_RUNS:

@@ -89,9 +89,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"lld-monitor analyze: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     from lld_monitor.analysis import analyze_run
+    from lld_monitor.analysis.offline import progress_line
 
     try:
-        analysis = analyze_run(df, progress=progress_line(sys.stderr, "rows analysed"))
+        analysis = analyze_run(df, progress=progress_line(sys.stderr, "analyze", "rows analysed"))
     except ValueError as exc:  # the table was read but cannot be analysed (e.g. too few rows)
         print(
             f"lld-monitor analyze: cannot analyse {args.path}: {_one_line(str(exc))}",
@@ -117,32 +118,6 @@ def run(args: argparse.Namespace) -> int:
     if args.fail_on is not None and failing_alerts(analysis, args.fail_on):
         return 1
     return 0
-
-
-#: Seconds of work before a progress line is shown.
-PROGRESS_AFTER_S = 1.0
-
-
-def progress_line(stream: Any, what: str) -> Any:
-    """A ``progress(done, total)`` callback that writes ``analyze: done/total what`` to
-    ``stream`` once the work has taken ``PROGRESS_AFTER_S``: rewritten in place on a terminal,
-    else its first and last line only (a log stays short)."""
-    import time
-
-    t0 = time.monotonic()
-    tty = bool(getattr(stream, "isatty", lambda: False)())
-    shown = [False]
-
-    def tick(done: int, total: int) -> None:
-        if time.monotonic() - t0 < PROGRESS_AFTER_S:
-            return
-        if tty or done >= total or not shown[0]:
-            end = "\r" if tty and done < total else "\n"
-            stream.write(f"analyze: {done:,}/{total:,} {what}{end}")
-            stream.flush()
-            shown[0] = True
-
-    return tick
 
 
 def failing_alerts(analysis: Any, fail_on: str) -> list[Any]:

@@ -415,7 +415,6 @@ def test_long_analysis_reports_progress_on_stderr(tmp_path, capsys, monkeypatch)
     import io
 
     from lld_monitor.analysis import offline
-    from lld_monitor.cli import analyze as cli_analyze
     from lld_monitor.testing import make_run
 
     monkeypatch.setattr(offline, "REPLAY_CHUNK", 100)
@@ -424,9 +423,9 @@ def test_long_analysis_reports_progress_on_stderr(tmp_path, capsys, monkeypatch)
     offline.replay(offline.prepare_steps(steps), progress=lambda d, t: seen.append((d, t)))
     assert seen == [(100, 450), (200, 450), (300, 450), (400, 450), (450, 450)]
 
-    monkeypatch.setattr(cli_analyze, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(offline, "PROGRESS_AFTER_S", 0.0)
     log = io.StringIO()  # not a terminal: the first and the last line only
-    tick = cli_analyze.progress_line(log, "rows analysed")
+    tick = offline.progress_line(log, "analyze", "rows analysed")
     for done in (100, 200, 300, 450):
         tick(done, 450)
     assert log.getvalue() == "analyze: 100/450 rows analysed\nanalyze: 450/450 rows analysed\n"
@@ -436,7 +435,7 @@ def test_long_analysis_reports_progress_on_stderr(tmp_path, capsys, monkeypatch)
             return True
 
     tty = Tty()  # a terminal: one line, rewritten
-    tick = cli_analyze.progress_line(tty, "rows analysed")
+    tick = offline.progress_line(tty, "analyze", "rows analysed")
     tick(100, 450)
     tick(450, 450)
     assert tty.getvalue() == "analyze: 100/450 rows analysed\ranalyze: 450/450 rows analysed\n"
@@ -447,3 +446,21 @@ def test_long_analysis_reports_progress_on_stderr(tmp_path, capsys, monkeypatch)
     out, err = capsys.readouterr()
     assert json.loads(out)["signals"]["used"]  # stdout: the JSON object alone
     assert err.splitlines()[-1] == "analyze: 450/450 rows analysed"
+
+
+def test_triage_reports_progress_through_the_same_line(tmp_path, monkeypatch):
+    """The triage of a folder writes its progress with the same helper: first and last line in a
+    log, ``triage: i/n runs analysed``."""
+    import io
+
+    from lld_monitor.analysis import offline
+    from lld_monitor.analysis.triage import triage
+    from lld_monitor.testing import make_run, write_run
+
+    for i, kind in enumerate(("healthy", "collapse", "healthy")):
+        write_run(make_run(kind, n_steps=200, seed=i), tmp_path / f"r{i}")
+    monkeypatch.setattr(offline, "PROGRESS_AFTER_S", 0.0)
+    log = io.StringIO()
+    verdicts = triage(tmp_path, progress=log, jobs=1)
+    assert len(verdicts) == 3
+    assert log.getvalue() == "triage: 1/3 runs analysed\ntriage: 3/3 runs analysed\n"

@@ -19,6 +19,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -149,6 +150,21 @@ def _serve_process(root: Path) -> Iterator[tuple[str, subprocess.Popen]]:
         out.close()
 
 
+@contextlib.contextmanager
+def _chromium_page(
+    url: str, viewport: dict[str, int] | None = None, wait_until: str = "domcontentloaded"
+) -> Iterator[Any]:
+    """Headless Chromium (Debian's) on ``url``: its page, the browser closed afterwards."""
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(**({"viewport": viewport} if viewport else {}))
+            page.goto(url, wait_until=wait_until)
+            yield page
+        finally:
+            browser.close()
+
+
 @pytest.fixture
 def server(live_run: tuple[Path, RunWriter]) -> Iterator[str]:
     root, _ = live_run
@@ -160,61 +176,55 @@ def server(live_run: tuple[Path, RunWriter]) -> Iterator[str]:
 def test_dashboard_in_chromium(server: str, live_run: tuple[Path, RunWriter]) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     _, writer = live_run
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1800})
-            page.goto(server, wait_until="domcontentloaded")
-            # the header of the run, then the plotly figure with its traces drawn
-            page.get_by_text("30 rows, last step 29").wait_for(timeout=60_000)
-            plot = page.locator(".js-plotly-plot").first
-            plot.wait_for(timeout=60_000)
-            page.wait_for_function(
-                "() => { const g = document.querySelector('.js-plotly-plot');"
-                " return g && g._fullLayout && g.data && g.data.length > 0; }",
-                timeout=60_000,
-            )
-            names = plot.evaluate("g => g.data.map(t => t.name)")
-            assert f"exp1 · {C.REWARD_MEAN}" in names
-            assert "exp1 · events" in names
-            assert page.locator(".js-plotly-plot .main-svg").count() > 0
+    with _chromium_page(server, viewport={"width": 1400, "height": 1800}) as page:
+        # the header of the run, then the plotly figure with its traces drawn
+        page.get_by_text("30 rows, last step 29").wait_for(timeout=60_000)
+        plot = page.locator(".js-plotly-plot").first
+        plot.wait_for(timeout=60_000)
+        page.wait_for_function(
+            "() => { const g = document.querySelector('.js-plotly-plot');"
+            " return g && g._fullLayout && g.data && g.data.length > 0; }",
+            timeout=60_000,
+        )
+        names = plot.evaluate("g => g.data.map(t => t.name)")
+        assert f"exp1 · {C.REWARD_MEAN}" in names
+        assert "exp1 · events" in names
+        assert page.locator(".js-plotly-plot .main-svg").count() > 0
 
-            # appending rows to the run log: the new step appears without reloading the page
-            for s in range(30, 36):
-                writer.log_step(_row(s))
-            page.get_by_text("36 rows, last step 35").wait_for(timeout=30_000)
-            page.wait_for_function(
-                "() => { const g = document.querySelector('.js-plotly-plot');"
-                # _fullData: plotly's decoded traces (g.data keeps the base64 typed arrays)
-                " const t = g && g._fullData.find(d => d.name === 'exp1 · reward_mean (raw)');"
-                " return t && Math.max(...Array.from(t.x)) === 35; }",
-                timeout=30_000,
-            )
-            page.screenshot(path=str(ARTIFACTS / "dashboard-charts.png"), full_page=True)
+        # appending rows to the run log: the new step appears without reloading the page
+        for s in range(30, 36):
+            writer.log_step(_row(s))
+        page.get_by_text("36 rows, last step 35").wait_for(timeout=30_000)
+        page.wait_for_function(
+            "() => { const g = document.querySelector('.js-plotly-plot');"
+            # _fullData: plotly's decoded traces (g.data keeps the base64 typed arrays)
+            " const t = g && g._fullData.find(d => d.name === 'exp1 · reward_mean (raw)');"
+            " return t && Math.max(...Array.from(t.x)) === 35; }",
+            timeout=30_000,
+        )
+        page.screenshot(path=str(ARTIFACTS / "dashboard-charts.png"), full_page=True)
 
-            # click-through: a click on the reward curve at step 20 opens that step's tokens
-            page.get_by_text("Click a point of the chart").wait_for(timeout=30_000)
-            x, y = plot.evaluate(CLICK_TARGET_JS, [f"exp1 · {C.REWARD_MEAN} (raw)", 20])
-            page.mouse.move(x, y)
-            page.mouse.click(x, y)
-            page.get_by_text("Tokens of step 20 · exp1").wait_for(timeout=30_000)
-            page.locator(".lld-tok").first.wait_for(timeout=30_000)
-            assert page.locator(".lld-tok").all_inner_texts()[:2] == ["<search>", "capital"]
-            page.screenshot(path=str(ARTIFACTS / "dashboard-click-through.png"), full_page=True)
+        # click-through: a click on the reward curve at step 20 opens that step's tokens
+        page.get_by_text("Click a point of the chart").wait_for(timeout=30_000)
+        x, y = plot.evaluate(CLICK_TARGET_JS, [f"exp1 · {C.REWARD_MEAN} (raw)", 20])
+        page.mouse.move(x, y)
+        page.mouse.click(x, y)
+        page.get_by_text("Tokens of step 20 · exp1").wait_for(timeout=30_000)
+        page.locator(".lld-tok").first.wait_for(timeout=30_000)
+        assert page.locator(".lld-tok").all_inner_texts()[:2] == ["<search>", "capital"]
+        page.screenshot(path=str(ARTIFACTS / "dashboard-click-through.png"), full_page=True)
 
-            # the Drill-down tab (the chart's tokens hide with their tab): step 20, coloured,
-            # tool feedback as plain text
-            page.get_by_role("tab", name="Drill-down").click()
-            token = page.locator(".lld-tok:visible").first
-            token.wait_for(timeout=30_000)
-            texts = page.locator(".lld-tok:visible").all_inner_texts()
-            assert texts[:2] == ["<search>", "capital"]
-            assert EVIL in texts  # shown as text
-            assert page.evaluate("() => window.__lld_pwned === undefined")
-            assert page.locator(".lld-action:visible").count() == 2
-            page.screenshot(path=str(ARTIFACTS / "dashboard-drilldown.png"), full_page=True)
-        finally:
-            browser.close()
+        # the Drill-down tab (the chart's tokens hide with their tab): step 20, coloured,
+        # tool feedback as plain text
+        page.get_by_role("tab", name="Drill-down").click()
+        token = page.locator(".lld-tok:visible").first
+        token.wait_for(timeout=30_000)
+        texts = page.locator(".lld-tok:visible").all_inner_texts()
+        assert texts[:2] == ["<search>", "capital"]
+        assert EVIL in texts  # shown as text
+        assert page.evaluate("() => window.__lld_pwned === undefined")
+        assert page.locator(".lld-action:visible").count() == 2
+        page.screenshot(path=str(ARTIFACTS / "dashboard-drilldown.png"), full_page=True)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (make browser)")
@@ -238,44 +248,40 @@ def test_report_page_draws_sparse_probe_columns_in_chromium(tmp_path: Path) -> N
     )
     out = write_report(df, analyze_run(df), tmp_path / "report.html")
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1800})
-            page.goto(out.as_uri(), wait_until="load")
-            page.wait_for_function(
-                "() => { const g = document.querySelector('.js-plotly-plot');"
-                " return g && g._fullData && g._fullData.length > 0; }",
-                timeout=60_000,
+    with _chromium_page(
+        out.as_uri(), viewport={"width": 1400, "height": 1800}, wait_until="load"
+    ) as page:
+        page.wait_for_function(
+            "() => { const g = document.querySelector('.js-plotly-plot');"
+            " return g && g._fullData && g._fullData.length > 0; }",
+            timeout=60_000,
+        )
+        for col in (C.LOGP_CORRECT, C.DELTA_CORRECT, C.FRAC_CORRECT_DISPLACED):
+            drawn = page.evaluate(
+                """(suffix) => {
+                  const g = document.querySelector('.js-plotly-plot');
+                  const i = g._fullData.findIndex(d => d.name.endsWith(suffix));
+                  const t = g._fullData[i];
+                  // what plotly drew for the trace: its line and its point markers
+                  const layer = g.querySelectorAll('.scatterlayer .trace')[
+                    g.calcdata.findIndex(c => c[0].trace.index === i)
+                  ];
+                  const line = layer.querySelector('path.js-line');
+                  return [
+                    Array.from(t.x),
+                    line ? line.getAttribute('d') : '',
+                    layer.querySelectorAll('.points path').length,
+                  ];
+                }""",
+                f"· {col}",
             )
-            for col in (C.LOGP_CORRECT, C.DELTA_CORRECT, C.FRAC_CORRECT_DISPLACED):
-                drawn = page.evaluate(
-                    """(suffix) => {
-                      const g = document.querySelector('.js-plotly-plot');
-                      const i = g._fullData.findIndex(d => d.name.endsWith(suffix));
-                      const t = g._fullData[i];
-                      // what plotly drew for the trace: its line and its point markers
-                      const layer = g.querySelectorAll('.scatterlayer .trace')[
-                        g.calcdata.findIndex(c => c[0].trace.index === i)
-                      ];
-                      const line = layer.querySelector('path.js-line');
-                      return [
-                        Array.from(t.x),
-                        line ? line.getAttribute('d') : '',
-                        layer.querySelectorAll('.points path').length,
-                      ];
-                    }""",
-                    f"· {col}",
-                )
-                xs, d, n_points = drawn
-                assert xs == [8, 16, 24, 32, 40, 48, 56, 64], col
-                assert n_points == 8, col  # every logged point drawn
-                # joined by one line from the first to the last point (a NaN-broken line of
-                # isolated points draws no segment at all)
-                assert d.startswith("M") and "L" in d, (col, d)
-            page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
-        finally:
-            browser.close()
+            xs, d, n_points = drawn
+            assert xs == [8, 16, 24, 32, 40, 48, 56, 64], col
+            assert n_points == 8, col  # every logged point drawn
+            # joined by one line from the first to the last point (a NaN-broken line of
+            # isolated points draws no segment at all)
+            assert d.startswith("M") and "L" in d, (col, d)
+        page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (make browser)")
@@ -288,25 +294,19 @@ def test_run_picker_shows_triage_badges_worst_first_in_chromium(tmp_path: Path) 
     root = tmp_path / "runs"
     write_sim(make_run("healthy", 200, seed=0), root / "a-healthy")
     write_sim(make_run("collapse", 260, seed=0), root / "b-collapse")
-    with _serve(root) as url, sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1200})
-            page.goto(url, wait_until="domcontentloaded")
-            # the chosen run (a chip in the picker): the worst one, with its badge
-            chip = page.get_by_text("🔴 b-collapse · collapsed", exact=False).first
-            chip.wait_for(timeout=60_000)
-            # open the picker: the other run is listed with its own badge
-            page.locator('[data-testid="stMultiSelect"] input').first.click()
-            option = page.get_by_role("option").first
-            option.wait_for(timeout=30_000)
-            listed = page.get_by_role("option").all_inner_texts()
-            assert listed == ["🟢 a-healthy · healthy"], listed
-            page.screenshot(path=str(ARTIFACTS / "dashboard-run-picker.png"), full_page=True)
-            option.click()  # both chosen now: worst first, as in the triage table
-            page.get_by_text("🟢 a-healthy · healthy").first.wait_for(timeout=30_000)
-        finally:
-            browser.close()
+    with _serve(root) as url, _chromium_page(url, viewport={"width": 1400, "height": 1200}) as page:
+        # the chosen run (a chip in the picker): the worst one, with its badge
+        chip = page.get_by_text("🔴 b-collapse · collapsed", exact=False).first
+        chip.wait_for(timeout=60_000)
+        # open the picker: the other run is listed with its own badge
+        page.locator('[data-testid="stMultiSelect"] input').first.click()
+        option = page.get_by_role("option").first
+        option.wait_for(timeout=30_000)
+        listed = page.get_by_role("option").all_inner_texts()
+        assert listed == ["🟢 a-healthy · healthy"], listed
+        page.screenshot(path=str(ARTIFACTS / "dashboard-run-picker.png"), full_page=True)
+        option.click()  # both chosen now: worst first, as in the triage table
+        page.get_by_text("🟢 a-healthy · healthy").first.wait_for(timeout=30_000)
 
 
 def _chart_run(root: Path, name: str = "main") -> Path:
@@ -425,72 +425,69 @@ def test_charts_draw_the_truth_in_chromium(tmp_path: Path) -> None:
     def url_for(base: str, *runs: str) -> str:
         return base + "/?" + urllib.parse.urlencode([("run", r) for r in runs])
 
-    with _serve(root) as base, sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 2400})
-            page.goto(url_for(base, "main"), wait_until="domcontentloaded")
-            # the header's worst alert is a critical collapse (the live one at 73 or the
-            # analyzer's at the dead tail, the latest of the critical ones), not the later warning
-            page.get_by_text("Worst alert").first.wait_for(timeout=60_000)
-            page.get_by_text("collapse (critical) at step").first.wait_for(timeout=60_000)
-            assert page.get_by_text("mode_collapse (warning) at step 162:").count() == 0
-            _wait_chart(page)
-            lam = _full_trace(page, f"main · {C.LLDS_LAMBDA}")
-            assert lam["shape"] == "hv"
-            assert _value_at(lam, 119) == 0.0 and _value_at(lam, 120) == 0.2
-            assert all(v == 0.2 for x, v in zip(lam["x"], lam["y"]) if x >= 120)
-            reward = _full_trace(page, f"main · {C.REWARD_MEAN}")  # the smoothed line
-            assert [_value_at(reward, s) for s in (171, 185, 200)] == [0.0, 0.0, 0.0]
-            for name in (f"main · {C.LOGP_CORRECT}", f"main · {C.LOGP_CORRECT} (raw)"):
-                logp = _full_trace(page, name)
-                inside = [v for x, v in zip(logp["x"], logp["y"]) if 99 < x < 200]
-                assert inside and all(m.isnan(v) for v in inside), name  # a break, no line
-            page.screenshot(path=str(ARTIFACTS / "dashboard-truth-one-run.png"), full_page=True)
+    with (
+        _serve(root) as base,
+        _chromium_page(url_for(base, "main"), viewport={"width": 1400, "height": 2400}) as page,
+    ):
+        # the header's worst alert is a critical collapse (the live one at 73 or the
+        # analyzer's at the dead tail, the latest of the critical ones), not the later warning
+        page.get_by_text("Worst alert").first.wait_for(timeout=60_000)
+        page.get_by_text("collapse (critical) at step").first.wait_for(timeout=60_000)
+        assert page.get_by_text("mode_collapse (warning) at step 162:").count() == 0
+        _wait_chart(page)
+        lam = _full_trace(page, f"main · {C.LLDS_LAMBDA}")
+        assert lam["shape"] == "hv"
+        assert _value_at(lam, 119) == 0.0 and _value_at(lam, 120) == 0.2
+        assert all(v == 0.2 for x, v in zip(lam["x"], lam["y"]) if x >= 120)
+        reward = _full_trace(page, f"main · {C.REWARD_MEAN}")  # the smoothed line
+        assert [_value_at(reward, s) for s in (171, 185, 200)] == [0.0, 0.0, 0.0]
+        for name in (f"main · {C.LOGP_CORRECT}", f"main · {C.LOGP_CORRECT} (raw)"):
+            logp = _full_trace(page, name)
+            inside = [v for x, v in zip(logp["x"], logp["y"]) if 99 < x < 200]
+            assert inside and all(m.isnan(v) for v in inside), name  # a break, no line
+        page.screenshot(path=str(ARTIFACTS / "dashboard-truth-one-run.png"), full_page=True)
 
-            # a click on the dense reward curve (200 points) at step 150 opens its tokens
-            plot = page.locator(".js-plotly-plot").first
-            x, y = plot.evaluate(CLICK_TARGET_JS, [f"main · {C.REWARD_MEAN} (raw)", 150])
-            page.mouse.move(x, y)
-            page.mouse.click(x, y)
-            page.get_by_text("Tokens of step 150 · main").wait_for(timeout=30_000)
-            assert "tok150" in page.locator(".lld-tok").all_inner_texts()
-            # the drill-down opens on the step with displaced correct responses, marked
-            page.get_by_role("tab", name="Drill-down").click()
-            picker = page.locator('[data-testid="stSelectbox"] input').first
-            picker.wait_for(timeout=30_000)
-            assert picker.input_value() == "step 150 · 1 correct, 1 displaced (of 1 sampled) ▼"
+        # a click on the dense reward curve (200 points) at step 150 opens its tokens
+        plot = page.locator(".js-plotly-plot").first
+        x, y = plot.evaluate(CLICK_TARGET_JS, [f"main · {C.REWARD_MEAN} (raw)", 150])
+        page.mouse.move(x, y)
+        page.mouse.click(x, y)
+        page.get_by_text("Tokens of step 150 · main").wait_for(timeout=30_000)
+        assert "tok150" in page.locator(".lld-tok").all_inner_texts()
+        # the drill-down opens on the step with displaced correct responses, marked
+        page.get_by_role("tab", name="Drill-down").click()
+        picker = page.locator('[data-testid="stSelectbox"] input').first
+        picker.wait_for(timeout=30_000)
+        assert picker.input_value() == "step 150 · 1 correct, 1 displaced (of 1 sampled) ▼"
 
-            # four runs: each lane carries its full name
-            page.goto(url_for(base, *long_names), wait_until="domcontentloaded")
-            _wait_chart(page)
-            page.wait_for_function(
-                "(n) => { const g = document.querySelector('.js-plotly-plot');"
-                " return g && g.layout.yaxis.ticktext && g.layout.yaxis.ticktext.length === n; }",
-                arg=len(long_names),
-                timeout=60_000,
-            )
-            ticks = page.evaluate(
-                "() => document.querySelector('.js-plotly-plot').layout.yaxis.ticktext"
-            )
-            assert [t.replace("<br>", "") for t in ticks] == long_names
-            page.screenshot(path=str(ARTIFACTS / "dashboard-truth-four-runs.png"), full_page=True)
+        # four runs: each lane carries its full name
+        page.goto(url_for(base, *long_names), wait_until="domcontentloaded")
+        _wait_chart(page)
+        page.wait_for_function(
+            "(n) => { const g = document.querySelector('.js-plotly-plot');"
+            " return g && g.layout.yaxis.ticktext && g.layout.yaxis.ticktext.length === n; }",
+            arg=len(long_names),
+            timeout=60_000,
+        )
+        ticks = page.evaluate(
+            "() => document.querySelector('.js-plotly-plot').layout.yaxis.ticktext"
+        )
+        assert [t.replace("<br>", "") for t in ticks] == long_names
+        page.screenshot(path=str(ARTIFACTS / "dashboard-truth-four-runs.png"), full_page=True)
 
-            # a broken run and a 1e18-step run beside a good one: the good one still renders
-            page.goto(url_for(base, "zz-bad-meta", "zz-huge-steps", "main"))
-            page.get_by_text("cannot be shown").first.wait_for(timeout=60_000)
-            _wait_chart(page)
-            assert _full_trace(page, f"main · {C.LLDS_LAMBDA}") is not None
-            assert page.get_by_text("Traceback").count() == 0
+        # a broken run and a 1e18-step run beside a good one: the good one still renders
+        page.goto(url_for(base, "zz-bad-meta", "zz-huge-steps", "main"))
+        page.get_by_text("cannot be shown").first.wait_for(timeout=60_000)
+        _wait_chart(page)
+        assert _full_trace(page, f"main · {C.LLDS_LAMBDA}") is not None
+        assert page.get_by_text("Traceback").count() == 0
 
-            # the HTML report draws the same: lambda as a step at exactly 0.2
-            page.goto(report.as_uri(), wait_until="load")
-            _wait_chart(page)
-            lam = _full_trace(page, f"main · {C.LLDS_LAMBDA}")
-            assert lam["shape"] == "hv" and _value_at(lam, 150) == 0.2
-            assert _value_at(lam, 100) == 0.0
-        finally:
-            browser.close()
+        # the HTML report draws the same: lambda as a step at exactly 0.2
+        page.goto(report.as_uri(), wait_until="load")
+        _wait_chart(page)
+        lam = _full_trace(page, f"main · {C.LLDS_LAMBDA}")
+        assert lam["shape"] == "hv" and _value_at(lam, 150) == 0.2
+        assert _value_at(lam, 100) == 0.0
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (make browser)")
@@ -509,29 +506,23 @@ def test_long_run_draws_first_and_its_verdict_follows_in_chromium(tmp_path: Path
     assert size >= sources.BACKGROUND_BYTES, size
     expected = triage_one(root / "long", root)  # what `lld-monitor analyze ROOT` says
     label = f"{sources.VERDICT_BADGE[expected.verdict]} long · {expected.verdict}"
-    with _serve(root) as url, sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+    with _serve(root) as url, _chromium_page(url, viewport={"width": 1400, "height": 1200}) as page:
+        page.get_by_text("⏳ long · analysing").first.wait_for(timeout=60_000)
+        page.get_by_text("in the background").first.wait_for(timeout=10_000)
+        page.wait_for_function(
+            "() => { const g = document.querySelector('.js-plotly-plot');"
+            " return g && g._fullData && g._fullData.length > 0; }",
+            timeout=60_000,
+        )
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1200})
-            page.goto(url, wait_until="domcontentloaded")
-            page.get_by_text("⏳ long · analysing").first.wait_for(timeout=60_000)
-            page.get_by_text("in the background").first.wait_for(timeout=10_000)
-            page.wait_for_function(
-                "() => { const g = document.querySelector('.js-plotly-plot');"
-                " return g && g._fullData && g._fullData.length > 0; }",
-                timeout=60_000,
-            )
-            try:
-                page.get_by_text(label, exact=False).first.wait_for(timeout=90_000)
-            except Exception:  # what the page showed instead, for the report
-                page.screenshot(path=str(ARTIFACTS / "dashboard-long-run-failed.png"))
-                (ARTIFACTS / "dashboard-long-run-failed.txt").write_text(page.inner_text("body"))
-                raise
-            page.get_by_text("in the background").first.wait_for(state="detached", timeout=30_000)
-            assert page.get_by_text("⏳ long · analysing").count() == 0
-            page.screenshot(path=str(ARTIFACTS / "dashboard-long-run.png"), full_page=True)
-        finally:
-            browser.close()
+            page.get_by_text(label, exact=False).first.wait_for(timeout=90_000)
+        except Exception:  # what the page showed instead, for the report
+            page.screenshot(path=str(ARTIFACTS / "dashboard-long-run-failed.png"))
+            (ARTIFACTS / "dashboard-long-run-failed.txt").write_text(page.inner_text("body"))
+            raise
+        page.get_by_text("in the background").first.wait_for(state="detached", timeout=30_000)
+        assert page.get_by_text("⏳ long · analysing").count() == 0
+        page.screenshot(path=str(ARTIFACTS / "dashboard-long-run.png"), full_page=True)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (make browser)")
@@ -543,19 +534,14 @@ def test_server_stopped_during_a_background_analysis_leaves_no_process(tmp_path:
 
     root = tmp_path / "runs"
     write_sim(make_run("collapse", 300_000, seed=0), root / "long")  # 7-10 s of analysis
-    with _serve_process(root) as (url, proc), sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page()
-            page.goto(url, wait_until="domcontentloaded")
+    with _serve_process(root) as (url, proc):
+        with _chromium_page(url) as page:
             page.get_by_text("in the background").first.wait_for(timeout=60_000)
             time.sleep(1.0)  # the worker is busy with the run now
             t0 = time.monotonic()
             os.kill(proc.pid, signal.SIGTERM)  # the server alone, not its group
             proc.wait(timeout=30)
             assert time.monotonic() - t0 < 5
-        finally:
-            browser.close()
         time.sleep(1.0)
         ps = ["ps", "-o", "pid=,stat=,args=", "-s", str(proc.pid)]
         lines = subprocess.run(ps, capture_output=True, text=True).stdout.splitlines()

@@ -38,15 +38,14 @@ STATUS_BADGE = {
 
 
 def _keep(key: str) -> None:
-    """on_change: remember a widget's value under ``key + ':kept'`` (survives identity changes)."""
-    st.session_state[f"{key}:kept"] = st.session_state[key]
-
-
-def _keep_runs(key: str) -> None:
-    """on_change of the run picker: ``_keep``, each value that is a label it showed (a verdict
-    changed as the browser sent it) taken as the run it named."""
-    labels = st.session_state.get(f"{key}:labels", {})
-    st.session_state[f"{key}:kept"] = [labels.get(v, v) for v in st.session_state[key]]
+    """on_change: remember a widget's value under ``key + ':kept'`` (survives identity changes).
+    A widget with ``key + ':labels'`` (label -> value; the run picker) may get back a label it
+    showed before its options were relabelled: that value is taken for the label."""
+    value = st.session_state[key]
+    labels = st.session_state.get(f"{key}:labels")
+    if labels:
+        value = [labels.get(v, v) for v in value]
+    st.session_state[f"{key}:kept"] = value
 
 
 def _restore(key: str, value: object) -> None:
@@ -138,7 +137,7 @@ def select_runs(scope: sources.Scope) -> list[sources.Target]:
         options=names,
         format_func=lambda n: sources.picker_label(n, verdicts[n]),
         key=key,
-        on_change=_keep_runs,
+        on_change=_keep,
         args=(key,),
     )
     if st.query_params.get_all("run") != chosen:  # the URL names the runs shown

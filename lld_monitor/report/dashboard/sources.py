@@ -242,23 +242,21 @@ class ColumnStore:
         m = len(rows)
         if m == 0:
             return
-        if self._cap == 0:  # the first rows: their float arrays become the columns (no copy;
-            # a later append grows them into new buffers and never writes into these)
-            for col in rows.columns:
-                self._cols[col] = pd.to_numeric(rows[col], errors="coerce").to_numpy(
-                    dtype=float, na_value=np.nan
-                )
-            self._n = self._cap = m
-            return
-        if self._n + m > self._cap:
+        first = self._cap == 0
+        if not first and self._n + m > self._cap:
             self._grow(max(2 * self._cap, self._n + m, 1024))
         for col in rows.columns:
-            if col not in self._cols:
-                self._cols[col] = np.full(self._cap, np.nan)
             values = pd.to_numeric(rows[col], errors="coerce").to_numpy(
                 dtype=float, na_value=np.nan
             )
+            if first:  # the first rows' arrays become the columns (no copy; a later append
+                self._cols[col] = values  # grows them into new buffers, never writes in these)
+                continue
+            if col not in self._cols:
+                self._cols[col] = np.full(self._cap, np.nan)
             self._cols[col][self._n : self._n + m] = values
+        if first:
+            self._cap = m
         self._n += m
 
     def _grow(self, capacity: int) -> None:
@@ -759,15 +757,14 @@ def start_background(lives: Sequence[LiveRun]) -> None:
             table = live.steps.copy(deep=False)  # (its own attrs; the data is shared)
             table.attrs["source_format"] = live.meta.get("source_format", "lld_run")
             args += (None, table)
-        try:
-            future = _background_pool().submit(triage.analyse_one, *args)
-        except Exception:  # a broken pool (its worker died): a new one
-            _background_pool.cache_clear()
+        for _ in range(2):  # a broken pool (its worker died): once more, on a new one
             try:
                 future = _background_pool().submit(triage.analyse_one, *args)
-            except Exception:  # (no worker can start: tried again on the next call)
+                break
+            except Exception:
                 _background_pool.cache_clear()
-                return
+        else:  # (no worker can start: tried again on the next call)
+            return
         del _DEFERRED[path]
         _BACKGROUND[path] = (key, future, time.monotonic())
         if live is not None and live._pending is None and live.analysis is None:
