@@ -162,19 +162,21 @@ def replay(
     mark_col = df[C.NONFINITE] if C.NONFINITE in df.columns else None
     alerts: list[Alert] = []
     phases: list[str] = []
-    update = det._update
-    add_phase = phases.append
-    shift = _bound_level_shift(det, df)
-    try:
-        for lo in range(0, n, REPLAY_CHUNK):
-            hi = min(lo + REPLAY_CHUNK, n)
-            nan_col = [math.nan] * (hi - lo)
-            cols = [nan_col if a is None else a[lo:hi].tolist() for a in arrays]
-            steps = step_arr[lo:hi].tolist()
+
+    def run_rows(lo: int, hi: int) -> None:
+        """Feed rows [lo, hi) to ``det``, as Python floats (a chunk at a time)."""
+        update = det._update
+        add_phase = phases.append
+        machine = det.machine
+        for a in range(lo, hi, REPLAY_CHUNK):
+            b = min(a + REPLAY_CHUNK, hi)
+            nan_col = [math.nan] * (b - a)
+            cols = [nan_col if x is None else x[a:b].tolist() for x in arrays]
+            steps = step_arr[a:b].tolist()
             # which missing values the log names non-finite (C.NONFINITE; a blank cell is
             # missing)
             marks: Any = (
-                [m.split(",") if isinstance(m, str) else None for m in mark_col.iloc[lo:hi]]
+                [m.split(",") if isinstance(m, str) else None for m in mark_col.iloc[a:b]]
                 if mark_col is not None
                 else itertools.repeat(None)
             )
@@ -182,9 +184,23 @@ def replay(
                 new = update(step, values, mark)
                 if new:
                     alerts.extend(new)
-                add_phase(det._phase)
+                add_phase(machine.phase)
             if progress is not None:
-                progress(hi, n)
+                progress(b, n)
+
+    from lld_monitor.analysis import parallel
+
+    shift = _bound_level_shift(det, df)
+    try:
+        index = parallel.usable(det, n, step_arr)
+        if index and parallel.replay_parallel(det, index, arrays, step_arr, run_rows):
+            return alerts, phases, det
+        if index:  # (the child failed: again, in this process)
+            alerts.clear()
+            phases.clear()
+            det.reset()
+            shift = _bound_level_shift(det, df)
+        run_rows(0, n)
     finally:
         if shift is not None:
             shift.set_bound(None)

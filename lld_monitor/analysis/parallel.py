@@ -1,0 +1,210 @@
+"""The replay on two cores: the checks that read only a row's own values run in a second process.
+
+``LevelShiftCollapse`` and ``ModeCollapse`` read nothing but the row's raw values and its step
+(not ``Signals``' features, not the phase, not another check), and the level-shift check is a
+third of the replay's time. For a long table, ``replay`` forks a child that runs those checks
+over the rows, a chunk ahead of the parent; the parent's detector holds a ``_Playback`` in their
+places, which gives the phase machine each row's rank, pending alert and alerts exactly as the
+check gave them (the same code on the same floats in the child: the alerts, the phases and the
+final state equal the one-process replay's; ``tests/analysis/test_parallel.py`` checks it on
+every sample run and shared real log). At the end the child sends its checks back, and they take
+their places again in the detector.
+
+The fork happens only where it is safe and pays: at least ``MIN_ROWS`` rows, a fresh detector
+whose offloaded checks are of exactly these classes, steps strictly increasing (every row reaches
+the checks), two usable cores, ``os.fork`` available and no other thread in the process (a fork of
+a threaded process can deadlock). Anything wrong in the child (it died, it raised, it sent
+nonsense) makes ``replay_parallel`` return None after cleaning up, and the caller replays in one
+process from the start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from lld_monitor.analysis.checks import NO_ALERTS, LevelShiftCollapse, ModeCollapse
+from lld_monitor.analysis.signals import INPUT_COLUMNS
+
+#: Check classes (exact types) that read only the row's raw values and step.
+ROW_ONLY: tuple[type, ...] = (LevelShiftCollapse, ModeCollapse)
+#: Rows from which a replay is split over two processes (below it the fork costs more than it
+#: saves).
+MIN_ROWS = 20_000
+#: Rows of the first chunk; each next one is twice as long, up to ``MAX_CHUNK`` (the parent
+#: waits for the child's first chunk only).
+FIRST_CHUNK = 1024
+MAX_CHUNK = 32768
+
+_FIELDS = ("step", *INPUT_COLUMNS)
+
+
+def chunks(n: int) -> list[tuple[int, int]]:
+    """[(lo, hi)] row ranges: ``FIRST_CHUNK`` rows, then doubling up to ``MAX_CHUNK``."""
+    out, lo, size = [], 0, FIRST_CHUNK
+    while lo < n:
+        hi = min(lo + size, n)
+        out.append((lo, hi))
+        lo, size = hi, min(2 * size, MAX_CHUNK)
+    return out
+
+
+def usable(det: Any, n: int, steps: np.ndarray) -> list[int]:
+    """The indices in ``det.checks`` to run in a child, or [] when the fork is not for this
+    replay (see the module docstring)."""
+    if n < MIN_ROWS or det.signals.n_rows or not hasattr(os, "fork"):
+        return []
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    if cores < 2 or threading.active_count() != 1:
+        return []
+    if not (np.isfinite(steps).all() and (np.diff(steps) > 0).all()):
+        return []
+    return [i for i, c in enumerate(det.checks) if type(c) in ROW_ONLY]
+
+
+class _Playback:
+    """Stands in a detector's check list for a check run in the child: each row it gives what
+    the check gave on that row (its alerts, ``rank``, ``pending``), from the child's records."""
+
+    __slots__ = (
+        "_at",
+        "_events",
+        "_row",
+        "immediate",
+        "key",
+        "kind",
+        "pending",
+        "rank",
+        "recover_after",
+    )
+
+    def __init__(self, check: Any) -> None:
+        self.kind, self.key = check.kind, check.key
+        self.immediate = bool(getattr(check, "immediate", False))
+        self.rank = check.rank
+        self.recover_after = check.recover_after
+        self.pending = None
+        self._events: deque[tuple[int, int, Any, list]] = deque()
+        self._row = 0  # the row the next update is for
+        self._at = -1  # the row of the next record (-1: none yet)
+
+    def feed(self, events: Sequence[tuple[int, int, Any, list]]) -> None:
+        self._events.extend(events)
+        if self._at < 0 and self._events:
+            self._at = self._events[0][0]
+
+    def update(self, s: Any) -> list:
+        i = self._row
+        self._row = i + 1
+        if i != self._at:
+            if self.pending is not None:
+                self.pending = None
+            return NO_ALERTS
+        ev = self._events
+        _, self.rank, self.pending, alerts = ev.popleft()
+        self._at = ev[0][0] if ev else -1
+        return alerts or NO_ALERTS
+
+
+def _child(conn: Any, checks: list[Any], arrays: list, steps: np.ndarray, n: int) -> None:
+    """Run ``checks`` over the rows; send ``(hi, records)`` per chunk, then ``("done",
+    checks)``. A record ``(row, rank, pending, alerts)`` is kept where the row raised alerts,
+    left a pending alert or changed the rank."""
+    import math
+    from collections import namedtuple
+
+    row_type = namedtuple("_RowValues", _FIELDS)  # type: ignore[misc]
+    make = row_type._make
+    has_pending = [hasattr(c, "pending") for c in checks]
+    last = [c.rank for c in checks]
+    updates = [c.update for c in checks]
+    k = range(len(checks))
+    for lo, hi in chunks(n):
+        nan_col = [math.nan] * (hi - lo)
+        cols = [nan_col if a is None else a[lo:hi].tolist() for a in arrays]
+        records: list[list] = [[] for _ in k]
+        for i, row in enumerate(map(make, zip(steps[lo:hi].tolist(), *cols)), lo):
+            for j in k:
+                out = updates[j](row)
+                c = checks[j]
+                p = c.pending if has_pending[j] else None
+                r = c.rank
+                if out or p is not None or r != last[j]:
+                    records[j].append((i, r, p, list(out)))
+                    last[j] = r
+        conn.send((hi, records))
+    for c in checks:
+        if hasattr(c, "set_bound"):
+            c.set_bound(None)  # (the bound is the replay's, and large: not sent back)
+    conn.send(("done", checks))
+
+
+def replay_parallel(
+    det: Any,
+    index: list[int],
+    arrays: list,
+    steps: np.ndarray,
+    run_rows: Callable[[int, int], None],
+) -> bool:
+    """Replay with the checks ``det.checks[index]`` in a forked child; ``run_rows(lo, hi)``
+    feeds the parent's rows (the caller's loop). True when done; False when the child failed
+    (cleaned up: the caller resets the detector and replays in one process)."""
+    from multiprocessing import Pipe
+
+    n = len(steps)
+    originals = [det.checks[i] for i in index]
+    reader, writer = Pipe(duplex=False)
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 1
+        try:
+            reader.close()
+            _child(writer, originals, arrays, steps, n)
+            code = 0
+        finally:
+            os._exit(code)
+    writer.close()
+    plays = [_Playback(c) for c in originals]
+    ok = False
+    try:
+        for i, p in zip(index, plays):
+            det.checks[i] = p
+        det._find_trend()
+        for lo, hi in chunks(n):
+            got_hi, records = reader.recv()
+            if got_hi != hi:
+                return False
+            for p, rec in zip(plays, records):
+                p.feed(rec)
+            run_rows(lo, hi)
+        tag, back = reader.recv()
+        if tag != "done" or [type(c) for c in back] != [type(c) for c in originals]:
+            return False
+        originals = back
+        ok = True
+        return True
+    except (EOFError, OSError, ValueError, TypeError):
+        return False
+    finally:
+        for i, c in zip(index, originals):
+            det.checks[i] = c
+        det._find_trend()
+        reader.close()
+        if not ok:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass

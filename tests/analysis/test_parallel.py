@@ -1,0 +1,191 @@
+"""The replay on two cores (``analysis/parallel.py``) gives the one-process replay's answer.
+
+The comparison runs in a fresh interpreter: the fork is refused in a process with other threads,
+and a test run may leave some behind (a browser test's server, a monitor's writer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lld_monitor.analysis import parallel
+from lld_monitor.analysis.detector import PhaseDetector
+from lld_monitor.analysis.offline import prepare_steps, replay
+from lld_monitor.testing import make_run
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL_RUNS = ROOT.parent / "shared" / "real_runs"
+
+needs_fork = pytest.mark.skipif(
+    not hasattr(os, "fork") or len(os.sched_getaffinity(0)) < 2, reason="needs fork and 2 cores"
+)
+
+# (run in a fresh interpreter) every sample run, every shared real log and simulated runs, each
+# replayed in one process and on two (MIN_ROWS 0: every table forks); one JSON line per input
+_COMPARE = textwrap.dedent(
+    """
+    import hashlib, json, sys
+    from pathlib import Path
+    from lld_monitor.analysis import parallel
+    from lld_monitor.analysis.offline import load_steps, prepare_steps, replay
+    from lld_monitor.testing import make_run
+
+    root, real = Path(sys.argv[1]), Path(sys.argv[2])
+    inputs = [(str(p.parent.relative_to(root)), p.parent)
+              for p in sorted((root / "sample_runs").glob("**/steps.jsonl"))]
+    if real.is_dir():
+        inputs += [(p.name, p) for p in sorted(real.iterdir())
+                   if p.suffix not in (".tsv", ".md") and not p.name.startswith(".")]
+    inputs += [(f"make_run:{k}", make_run(k, n_steps=2500, seed=5).steps)
+               for k in ("collapse", "healthy", "dip", "nonfinite", "small_batch")]
+    forked = []
+    real_parallel = parallel.replay_parallel
+    def spy(*a, **k):
+        forked.append(real_parallel(*a, **k))
+        return forked[-1]
+    parallel.replay_parallel = spy
+
+    def digest(df):
+        alerts, phases, det = replay(df)
+        return {
+            "alerts": [a.to_dict() for a in alerts],
+            "phases": hashlib.sha1("|".join(phases).encode()).hexdigest(),
+            "state": json.dumps(det.state_dict(), sort_keys=True),
+        }
+    for name, src in inputs:
+        df = prepare_steps(load_steps(src))
+        parallel.MIN_ROWS = 10**12
+        one = digest(df)
+        parallel.MIN_ROWS = 0
+        forked.clear()
+        two = digest(df)
+        print(json.dumps({"name": name, "rows": len(df), "one": one, "two": two,
+                          "forked": list(forked)}))
+    """
+)
+
+
+@needs_fork
+def test_two_cores_give_the_one_process_replay_row_for_row():
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPARE, str(ROOT), str(REAL_RUNS)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(rows) >= 10
+    with_shift = 0
+    for r in rows:
+        name = r["name"]
+        if r["rows"] >= 2:  # (a table of one row has no strictly increasing steps to test)
+            assert r["forked"] == [True], name  # the child ran and its records were used
+        assert r["two"]["alerts"] == r["one"]["alerts"], name
+        assert r["two"]["phases"] == r["one"]["phases"], name
+        assert r["two"]["state"] == r["one"]["state"], name
+        with_shift += any(
+            a["evidence"].get("detector") == "level_shift" for a in r["one"]["alerts"]
+        )
+        with_shift += any(a["kind"] == "mode_collapse" for a in r["one"]["alerts"])
+    assert with_shift >= 3  # (inputs where the offloaded checks do raise alerts)
+
+
+def _one_process(df):
+    saved = parallel.MIN_ROWS
+    parallel.MIN_ROWS = 10**12
+    try:
+        return replay(df)
+    finally:
+        parallel.MIN_ROWS = saved
+
+
+def _same(a, b):
+    assert [x.to_dict() for x in a[0]] == [x.to_dict() for x in b[0]]
+    assert a[1] == b[1]
+    assert a[2].state_dict() == b[2].state_dict()
+
+
+def _child_exits_at_once(conn, *args):
+    os._exit(3)
+
+
+def _child_raises_after_a_chunk(conn, checks, arrays, steps, n):
+    _, hi = parallel.chunks(n)[0]
+    conn.send((hi, [[] for _ in checks]))
+    raise RuntimeError("the child fails")
+
+
+def _child_sends_the_wrong_rows(conn, checks, arrays, steps, n):
+    conn.send((-1, [[] for _ in checks]))
+
+
+@needs_fork
+@pytest.mark.parametrize(
+    "broken", [_child_exits_at_once, _child_raises_after_a_chunk, _child_sends_the_wrong_rows]
+)
+def test_a_failed_child_means_the_replay_runs_again_in_one_process(monkeypatch, broken):
+    if threading.active_count() != 1:
+        pytest.skip("another thread runs in this test process: the fork is refused")
+    df = prepare_steps(make_run("collapse", n_steps=2500, seed=5).steps)
+    expected = _one_process(df)
+    monkeypatch.setattr(parallel, "MIN_ROWS", 0)
+    monkeypatch.setattr(parallel, "_child", broken)
+    results = []
+    real = parallel.replay_parallel
+    monkeypatch.setattr(
+        parallel, "replay_parallel", lambda *a: results.append(real(*a)) or results[-1]
+    )
+    got = replay(df)
+    assert results == [False]  # the fork was tried and failed ...
+    _same(got, expected)  # ... and the answer is still the one-process replay's
+    assert any(a.evidence.get("detector") == "level_shift" for a in got[0])
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # (no child left behind: reaped)
+
+
+def test_the_fork_is_only_for_long_fresh_tables_in_a_process_without_threads(monkeypatch):
+    df = prepare_steps(make_run("healthy", n_steps=300, seed=1).steps)
+    steps = df["step"].to_numpy(dtype=float)
+    det = PhaseDetector()
+    monkeypatch.setattr(parallel, "MIN_ROWS", 100)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    if threading.active_count() == 1 and cores >= 2 and hasattr(os, "fork"):
+        idx = parallel.usable(det, len(df), steps)
+        assert [type(det.checks[i]).__name__ for i in idx] == [
+            "ModeCollapse",
+            "LevelShiftCollapse",
+        ]
+    assert parallel.usable(det, 99, steps[:99]) == []  # too few rows
+    assert parallel.usable(det, len(df), steps[::-1].copy()) == []  # steps not increasing
+    assert parallel.usable(det, len(df), np.r_[steps[:-1], np.nan]) == []
+    busy = PhaseDetector()
+    busy.update({"step": 1, "reward_mean": 0.5})
+    assert parallel.usable(busy, len(df), steps) == []  # not a fresh detector
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, daemon=True)
+    t.start()
+    try:
+        assert parallel.usable(det, len(df), steps) == []  # another thread is running
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_chunks_cover_the_rows_once_in_order():
+    for n in (0, 1, 1023, 1024, 1025, 5000, 200_000):
+        spans = parallel.chunks(n)
+        assert [lo for lo, _ in spans] == [0, *(hi for _, hi in spans[:-1])][: len(spans)]
+        assert (spans[-1][1] if spans else 0) == n
+        assert all(hi - lo <= parallel.MAX_CHUNK for lo, hi in spans)
+    assert parallel.chunks(5000) == [(0, 1024), (1024, 3072), (3072, 5000)]
