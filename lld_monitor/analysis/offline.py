@@ -131,8 +131,14 @@ def prepare_steps(df: pd.DataFrame) -> pd.DataFrame:
             f"(columns found: {list(df.columns)[:10]})"
         )
     step = pd.to_numeric(df[C.STEP], errors="coerce")
-    values = step.to_numpy(dtype=float)
-    if len(values) and np.isfinite(values).all() and (values[1:] > values[:-1]).all():
+    values = step.to_numpy()  # (whole numbers as they are: no float copy of a long column)
+    if values.dtype.kind not in "iu":
+        values = step.to_numpy(dtype=float)
+    if (
+        len(values)
+        and (values.dtype.kind != "f" or np.isfinite(values).all())
+        and (values[1:] > values[:-1]).all()
+    ):
         # already one row a step, in order (a loaded table): no copy of the columns
         out = df.copy(deep=False)
         out[C.STEP] = step.astype(np.int64).to_numpy()
@@ -145,20 +151,28 @@ def prepare_steps(df: pd.DataFrame) -> pd.DataFrame:
 
 #: Rows converted to Python floats at a time by ``replay`` (a long table is never held as
 #: Python objects whole: ~24 bytes a value, 10x its float64 array).
-REPLAY_CHUNK = 32768
+REPLAY_CHUNK = 8192
 
 
 def replay(
     df: pd.DataFrame,
     detector: PhaseDetector | None = None,
     progress: Callable[[int, int], None] | None = None,
-) -> tuple[list[Alert], list[str], PhaseDetector]:
+    *,
+    phase_runs: bool = False,
+) -> tuple[list[Alert], list[Any], PhaseDetector]:
     """Feed the (prepared) rows to a detector: (alerts, phase after each row, the detector).
-    ``progress(rows done, rows)`` is called after every ``REPLAY_CHUNK`` rows and at the end."""
+    ``progress(rows done, rows)`` is called after every ``REPLAY_CHUNK`` rows and at the end.
+    ``phase_runs``: instead of a phase per row, ``[(row, phase)]`` at the first row and at
+    every row whose phase differs from the row before (a long table's phases in a few entries)."""
     det = detector if detector is not None else PhaseDetector()
     n = len(df)
     arrays = [_floats(df[c]) if c in df.columns else None for c in INPUT_COLUMNS]
-    step_arr = df[C.STEP].to_numpy(dtype=float)
+    # (whole-number steps as they are, made floats a chunk at a time: no float copy of the
+    # column)
+    step_arr = df[C.STEP].to_numpy()
+    if step_arr.dtype.kind not in "iuf":
+        step_arr = df[C.STEP].to_numpy(dtype=float)
     mark_col = df[C.NONFINITE] if C.NONFINITE in df.columns else None
     alerts: list[Alert] = []
     phases: list[str] = []
@@ -172,7 +186,7 @@ def replay(
             b = min(a + REPLAY_CHUNK, hi)
             nan_col = [math.nan] * (b - a)
             cols = [nan_col if x is None else x[a:b].tolist() for x in arrays]
-            steps = step_arr[a:b].tolist()
+            steps = step_arr[a:b].astype(float, copy=False).tolist()
             # which missing values the log names non-finite (C.NONFINITE; a blank cell is
             # missing)
             marks: Any = (
@@ -180,26 +194,42 @@ def replay(
                 if mark_col is not None
                 else itertools.repeat(None)
             )
-            for step, values, mark in zip(steps, zip(*cols), marks):
-                new = update(step, values, mark)
-                if new:
-                    alerts.extend(new)
-                add_phase(machine.phase)
+            if phase_runs:
+                last = phases[-1][1] if phases else None
+                for i, (step, values, mark) in enumerate(zip(steps, zip(*cols), marks), a):
+                    new = update(step, values, mark)
+                    if new:
+                        alerts.extend(new)
+                    if machine.phase != last:
+                        last = machine.phase
+                        add_phase((i, last))
+            else:
+                for step, values, mark in zip(steps, zip(*cols), marks):
+                    new = update(step, values, mark)
+                    if new:
+                        alerts.extend(new)
+                    add_phase(machine.phase)
             if progress is not None:
                 progress(b, n)
 
     from lld_monitor.analysis import parallel
 
-    shift = _bound_level_shift(det, df)
+    # every row reaches the checks (steps strictly increasing): the bound and the fork may be
+    # used
+    ordered = n < 2 or bool(
+        (step_arr.dtype.kind != "f" or np.isfinite(step_arr).all())
+        and (step_arr[1:] > step_arr[:-1]).all()
+    )
+    shift = _bound_level_shift(det, df, ordered)
     try:
-        index = parallel.usable(det, n, step_arr)
+        index = parallel.usable(det, n, ordered)
         if index and parallel.replay_parallel(det, index, arrays, step_arr, run_rows):
             return alerts, phases, det
         if index:  # (the child failed: again, in this process)
             alerts.clear()
             phases.clear()
             det.reset()
-            shift = _bound_level_shift(det, df)
+            shift = _bound_level_shift(det, df, ordered)
         run_rows(0, n)
     finally:
         if shift is not None:
@@ -214,25 +244,23 @@ def _floats(series: pd.Series) -> np.ndarray:
     return pd.to_numeric(series, errors="coerce").to_numpy(dtype=float)
 
 
-def _bound_level_shift(det: PhaseDetector, df: pd.DataFrame) -> Any:
+def _bound_level_shift(det: PhaseDetector, df: pd.DataFrame, ordered: bool) -> Any:
     """Give the level-shift check of a fresh detector the bound of its statistic over the
-    table's rewards (``LevelShiftCollapse.bounds``), when every row will reach it (steps
-    strictly increasing); the check, or None when nothing was set."""
+    table's rewards (``LevelShiftCollapse.bounds``), when every row will reach it (``ordered``:
+    steps strictly increasing); the check, or None when nothing was set."""
     from lld_monitor.analysis.checks import LevelShiftCollapse
 
-    if det.signals.n_rows or C.REWARD_MEAN not in df.columns or len(df) < 2:
+    if not ordered or det.signals.n_rows or C.REWARD_MEAN not in df.columns or len(df) < 2:
         return None
     checks = [c for c in det.checks if type(c) is LevelShiftCollapse]
     if len(checks) != 1:
-        return None
-    steps = df[C.STEP].to_numpy(dtype=float)
-    if not (np.isfinite(steps).all() and (np.diff(steps) > 0).all()):
         return None
     rw = _floats(df[C.REWARD_MEAN])
     check = checks[0]
     if check._rows:  # (a check added with rows of its own)
         return None
-    check.set_bound(check.bounds(rw[np.isfinite(rw)]))
+    finite = np.isfinite(rw)
+    check.set_bound(check.bounds(rw if finite.all() else rw[finite]))
     return check
 
 
@@ -282,9 +310,9 @@ def analyze_run(
     det = PhaseDetector(config)
     if df.empty:
         return Analysis([], [], None, [], list(INPUT_COLUMNS), det.limitations())
-    alerts, phases, det = replay(df, det, progress)
+    alerts, runs, det = replay(df, det, progress, phase_runs=True)
     steps = df[C.STEP].to_numpy(dtype=np.int64)
-    segments = _segments(phases, steps)
+    segments = _segments(runs, steps)
     notes = det.limitations()
     if refine:
         segments, capped = _refine(segments, df, det)
@@ -310,14 +338,14 @@ def analyze_run(
 # --- segments ---------------------------------------------------------------------------------
 
 
-def _segments(phases: Sequence[str], steps: np.ndarray) -> list[list[Any]]:
-    """Runs of equal phase: [phase, start_step, end_step, evidence]."""
+def _segments(runs: Sequence[tuple[int, str]], steps: np.ndarray) -> list[list[Any]]:
+    """Runs of equal phase (``replay(..., phase_runs=True)``): [phase, start_step, end_step,
+    evidence]."""
     out: list[list[Any]] = []
-    for i, p in enumerate(phases):
-        if out and out[-1][0] == p:
-            out[-1][2] = int(steps[i])
-        else:
-            out.append([p, int(steps[i]), int(steps[i]), {"detected_at": int(steps[i])}])
+    ends = [row - 1 for row, _ in runs[1:]] + [len(steps) - 1]
+    for (row, p), end in zip(runs, ends):
+        start = int(steps[row])
+        out.append([p, start, int(steps[end]), {"detected_at": start}])
     return out
 
 

@@ -12,8 +12,9 @@ their places again in the detector.
 
 The fork happens only where it is safe and pays: at least ``MIN_ROWS`` rows, a fresh detector
 whose offloaded checks are of exactly these classes, steps strictly increasing (every row reaches
-the checks), two usable cores, ``os.fork`` available and no other thread in the process (a fork of
-a threaded process can deadlock). Anything wrong in the child (it died, it raised, it sent
+the checks), two usable cores, ``os.fork`` available, no other thread in the process (a fork of
+a threaded process can deadlock) and not in a worker of the triage's pool (``no_fork``: its
+siblings have the other cores). Anything wrong in the child (it died, it raised, it sent
 nonsense) makes ``replay_parallel`` return None after cleaning up, and the caller replays in one
 process from the start.
 """
@@ -29,44 +30,61 @@ from typing import Any
 
 import numpy as np
 
-from lld_monitor.analysis.checks import NO_ALERTS, LevelShiftCollapse, ModeCollapse
+from lld_monitor.analysis.checks import (
+    NO_ALERTS,
+    GradSpike,
+    KlSpike,
+    LevelShiftCollapse,
+    ModeCollapse,
+)
 from lld_monitor.analysis.signals import INPUT_COLUMNS
 
-#: Check classes (exact types) that read only the row's raw values and step.
-ROW_ONLY: tuple[type, ...] = (LevelShiftCollapse, ModeCollapse)
+#: Check classes (exact types) that read only the row's raw values, its step and whether the
+#: detector is warm (``Signals.warm``, a function of the step and the row count: ``warm_rows``).
+ROW_ONLY: tuple[type, ...] = (KlSpike, GradSpike, ModeCollapse, LevelShiftCollapse)
 #: Rows from which a replay is split over two processes (below it the fork costs more than it
 #: saves).
 MIN_ROWS = 20_000
-#: Rows of the first chunk; each next one is twice as long, up to ``MAX_CHUNK`` (the parent
-#: waits for the child's first chunk only).
-FIRST_CHUNK = 1024
-MAX_CHUNK = 32768
+#: Rows the child sends at a time. The parent waits for the first chunk only (the child is the
+#: faster of the two), so it is short; and all are the same length (chunks that grew would have
+#: the child run a longer chunk than the parent's at every step, and the parent wait each time).
+CHUNK = 2048
 
-_FIELDS = ("step", *INPUT_COLUMNS)
+_FIELDS = ("step", *INPUT_COLUMNS, "warm")
+_FORK = [True]  # (False: this process shares the cores with sibling workers; see no_fork)
+
+
+def no_fork() -> None:
+    """Replays in this process stay in it: for a worker of a pool that already has a process
+    per core (the triage's), where a second process per replay would only share the cores."""
+    _FORK[0] = False
+
+
+def warm_rows(steps: np.ndarray, config: Any) -> np.ndarray:
+    """[n] ``Signals.warm`` after each row of a replay whose every row is accepted (steps
+    strictly increasing): ``warmup_steps`` steps since the first row and ``warmup_rows`` rows."""
+    n = len(steps)
+    if not n:
+        return np.zeros(0, dtype=bool)
+    since = steps.astype(float) - float(steps[0])
+    return (since >= config.warmup_steps) & (np.arange(1, n + 1) >= config.warmup_rows)
 
 
 def chunks(n: int) -> list[tuple[int, int]]:
-    """[(lo, hi)] row ranges: ``FIRST_CHUNK`` rows, then doubling up to ``MAX_CHUNK``."""
-    out, lo, size = [], 0, FIRST_CHUNK
-    while lo < n:
-        hi = min(lo + size, n)
-        out.append((lo, hi))
-        lo, size = hi, min(2 * size, MAX_CHUNK)
-    return out
+    """[(lo, hi)] row ranges of ``CHUNK`` rows (the last one shorter)."""
+    return [(lo, min(lo + CHUNK, n)) for lo in range(0, n, CHUNK)]
 
 
-def usable(det: Any, n: int, steps: np.ndarray) -> list[int]:
+def usable(det: Any, n: int, ordered: bool) -> list[int]:
     """The indices in ``det.checks`` to run in a child, or [] when the fork is not for this
-    replay (see the module docstring)."""
-    if n < MIN_ROWS or det.signals.n_rows or not hasattr(os, "fork"):
+    replay (see the module docstring; ``ordered``: the steps strictly increase)."""
+    if not (ordered and _FORK[0]) or n < MIN_ROWS or det.signals.n_rows or not hasattr(os, "fork"):
         return []
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
     if cores < 2 or threading.active_count() != 1:
-        return []
-    if not (np.isfinite(steps).all() and (np.diff(steps) > 0).all()):
         return []
     return [i for i, c in enumerate(det.checks) if type(c) in ROW_ONLY]
 
@@ -115,7 +133,9 @@ class _Playback:
         return alerts or NO_ALERTS
 
 
-def _child(conn: Any, checks: list[Any], arrays: list, steps: np.ndarray, n: int) -> None:
+def _child(
+    conn: Any, checks: list[Any], arrays: list, steps: np.ndarray, warm: np.ndarray, n: int
+) -> None:
     """Run ``checks`` over the rows; send ``(hi, records)`` per chunk, then ``("done",
     checks)``. A record ``(row, rank, pending, alerts)`` is kept where the row raised alerts,
     left a pending alert or changed the rank."""
@@ -132,7 +152,8 @@ def _child(conn: Any, checks: list[Any], arrays: list, steps: np.ndarray, n: int
         nan_col = [math.nan] * (hi - lo)
         cols = [nan_col if a is None else a[lo:hi].tolist() for a in arrays]
         records: list[list] = [[] for _ in k]
-        for i, row in enumerate(map(make, zip(steps[lo:hi].tolist(), *cols)), lo):
+        rows = zip(steps[lo:hi].astype(float, copy=False).tolist(), *cols, warm[lo:hi].tolist())
+        for i, row in enumerate(map(make, rows), lo):
             for j in k:
                 out = updates[j](row)
                 c = checks[j]
@@ -168,7 +189,7 @@ def replay_parallel(
         code = 1
         try:
             reader.close()
-            _child(writer, originals, arrays, steps, n)
+            _child(writer, originals, arrays, steps, warm_rows(steps, det.config), n)
             code = 0
         finally:
             os._exit(code)

@@ -257,7 +257,11 @@ def _triage_parallel(
     method = "fork" if "fork" in mp.get_all_start_methods() else None
     ctx = mp.get_context(method) if method else None
     out: list[RunVerdict] = []
-    with cf.ProcessPoolExecutor(max_workers=min(jobs, len(entries)), mp_context=ctx) as pool:
+    from lld_monitor.analysis.parallel import no_fork
+
+    workers = min(jobs, len(entries))
+    # (a worker per core already: a long run's replay stays in its worker, no_fork)
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=no_fork) as pool:
         futures = {pool.submit(triage_one, p, base, r): (p, r) for p, r in entries}
         for i, fut in enumerate(cf.as_completed(futures), start=1):
             path, run = futures[fut]

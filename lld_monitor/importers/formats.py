@@ -163,34 +163,56 @@ def _read_csv(path: Path, first_line: str) -> pd.DataFrame | None:
 #: A CSV larger than this is parsed in chunks of ``CSV_CHUNK_ROWS`` rows when every column is
 #: numeric (a W&B history export): the parser's buffers stay one chunk's size.
 CSV_CHUNK_BYTES = 16 << 20
-CSV_CHUNK_ROWS = 65536
+CSV_CHUNK_ROWS = 16384
 
 
 def _read_numeric_csv(path: Path, kw: dict[str, Any]) -> pd.DataFrame | None:
     """The whole CSV, parsed chunk by chunk, when every chunk parses every column as numbers
     (int64/float64): the frame ``pd.read_csv`` gives (a column int in one chunk and float in
     another is float, as read whole); None at the first other column (text, bool: those are
-    read whole, so that a column's type is decided over all its cells)."""
+    read whole, so that a column's type is decided over all its cells).
+
+    Each column is one array sized by the file's line count (an upper bound of its rows), filled
+    chunk by chunk: the table is never held twice (chunk arrays and their join)."""
     numeric = (np.dtype(np.int64), np.dtype(np.float64))
-    parts: dict[str, list[np.ndarray]] | None = None
+    bound = _count_lines(path)
+    cols: dict[str, np.ndarray] | None = None
     names: list[str] = []
+    n = 0
     with pd.read_csv(path, chunksize=CSV_CHUNK_ROWS, **kw) as chunks:
         for chunk in chunks:
             if any(dt not in numeric for dt in chunk.dtypes):
                 return None
-            if parts is None:
+            if cols is None:
                 names = list(chunk.columns)
                 if len(set(names)) != len(names):
                     return None
-                parts = {c: [] for c in names}
+                cols = {c: np.empty(bound, dtype=chunk[c].dtype) for c in names}
+            m = len(chunk)
+            if n + m > bound:  # (lines the count missed, e.g. a lone carriage return)
+                return None
             for c in names:
-                parts[c].append(chunk[c].to_numpy())
-    if parts is None:
+                part = chunk[c].to_numpy()
+                if part.dtype != cols[c].dtype and part.dtype == np.float64:
+                    # an int column with decimals from here on: float64 (the values so far
+                    # cast as np.concatenate would cast them)
+                    cols[c] = cols[c].astype(np.float64)
+                cols[c][n : n + m] = part
+            n += m
+    if cols is None:
         return None
-    # one column at a time, its chunks freed as its array is made (int64 and float64 chunks of
-    # one column concatenate to float64, as a whole read types it)
-    columns = {c: np.concatenate(parts.pop(c)) for c in names}
-    return pd.DataFrame(columns, copy=False)
+    # (the unused tail is the header and blank lines: a view, unless it is a sizable share)
+    short = bound - n > max(1024, n // 100)
+    return pd.DataFrame({c: a[:n].copy() if short else a[:n] for c, a in cols.items()}, copy=False)
+
+
+def _count_lines(path: Path) -> int:
+    """Line breaks in the file, plus one (its last line may have none)."""
+    count = 1
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            count += block.count(b"\n")
+    return count
 
 
 def _step_source(frame: pd.DataFrame) -> str:

@@ -48,6 +48,9 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         sources = [s for _, s in sorted(by_col.get(col, []), key=lambda t: t[0])]
         if not sources:
             continue
+        if col == C.STEP and len(sources) == 1 and frame[sources[0]].dtype == np.int64:
+            out[col] = frame[sources[0]]  # (whole numbers already: no float copy of the column)
+            continue
         numbers = [_numeric(frame[s]) for s in sources]
         unreadable += sum(_unreadable_cells(frame[s], n) for s, n in zip(sources, numbers))
         series = numbers[0]
@@ -61,23 +64,36 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     if C.STEP not in out.columns:
         out.insert(0, C.STEP, np.arange(1, len(out) + 1, dtype=float))
     # which missing values were literal nan/inf (the rest are blank cells: missing)
-    out[C.NONFINITE] = _marks(len(out), logged, literal)
+    # rows already one a step, in order (the usual log; floored as _checked_steps floors them):
+    # nothing to merge, so the marks' blanks are written as "" now instead of filled later
+    st = out[C.STEP].to_numpy()
+    if st.dtype.kind == "f":
+        st = np.floor(st)
+    ordered = len(st) < 2 or bool((st[1:] > st[:-1]).all())
+    del st
+    out[C.NONFINITE] = _marks(len(out), logged, literal, blank="" if ordered else None)
     training = [c for c in out.columns if c not in _NON_TRAINING and c != C.NONFINITE]
     if not training:
         return pd.DataFrame(columns=[C.STEP]), unmapped
-    notes = _row_notes(out, training, unreadable)
-    keep = out[training].notna().any(axis=1) & out[C.STEP].notna()
+    has_metric = np.zeros(len(out), dtype=bool)  # (a column at a time: no 2-D mask)
+    for c in training:
+        has_metric |= out[c].notna().to_numpy()
+    has_step = out[C.STEP].notna().to_numpy()
+    notes = _row_notes(has_metric, has_step, unreadable)
+    keep = pd.Series(has_metric & has_step, index=out.index)
     if not keep.all():  # (a filter copies every column: only when a row goes)
         out = out[keep]
     if out.empty:
         return pd.DataFrame(columns=list(out.columns)), unmapped
     out, step_notes = _checked_steps(out)
-    steps = out[C.STEP].to_numpy(dtype=float)
+    steps = out[C.STEP].to_numpy()
     if len(steps) > 1 and not (steps[1:] > steps[:-1]).all():  # (else one row a step, in order)
         out = out.groupby(C.STEP, sort=True, as_index=False).last()
-    out[C.STEP] = out[C.STEP].astype("int64")
+    if out[C.STEP].dtype != np.int64:
+        out[C.STEP] = out[C.STEP].astype("int64")
     out = out.reset_index(drop=True)
-    out[C.NONFINITE] = out[C.NONFINITE].fillna("")
+    if not ordered:
+        out[C.NONFINITE] = out[C.NONFINITE].fillna("")
     out = out[[c for c in (*C.STEP_COLUMNS, *fn_cols, C.NONFINITE) if c in out.columns]]
     out.attrs["import_notes"] = notes + step_notes
     return out, unmapped
@@ -102,14 +118,15 @@ def _unreadable_cells(raw: pd.Series, numbers: pd.Series) -> int:
     return int((~texts.isin(_MISSING_TEXTS)).sum())
 
 
-def _row_notes(out: pd.DataFrame, training: Sequence[str], unreadable: int) -> list[str]:
-    """Notes on cells that are not numbers and rows without a readable step."""
+def _row_notes(has_metric: np.ndarray, has_step: np.ndarray, unreadable: int) -> list[str]:
+    """Notes on cells that are not numbers and rows without a readable step (``has_metric``,
+    ``has_step``: [n] the rows with a training metric, with a step)."""
     notes = []
     if unreadable:
         notes.append(
             f"{unreadable} cell(s) of known metrics were not numbers and are read as missing"
         )
-    no_step = int((out[training].notna().any(axis=1) & out[C.STEP].isna()).sum())
+    no_step = int((has_metric & ~has_step).sum())
     if no_step:
         notes.append(f"{no_step} row(s) with metrics but no readable step were dropped")
     return notes
@@ -118,6 +135,16 @@ def _row_notes(out: pd.DataFrame, training: Sequence[str], unreadable: int) -> l
 def _checked_steps(out: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """Steps beyond ``MAX_STEP`` refused; fractional steps floored, and counted; duplicates
     counted (``canonicalize`` merges them)."""
+    if out[C.STEP].dtype == np.int64:  # (whole numbers: no float copies of a long column)
+        ints = out[C.STEP].to_numpy()
+        bad_int = (ints > MAX_STEP) | (ints < -MAX_STEP)
+        if bad_int.any():
+            worst = int(ints[bad_int][np.argmax(np.abs(ints[bad_int].astype(float)))])
+            raise ImportFormatError(
+                f"{int(bad_int.sum())} row(s) have step values such as {worst:g}, beyond 2**53: "
+                "not optimizer steps (is the step column the right one?)"
+            )
+        return out, _duplicate_note(ints)
     step = out[C.STEP].to_numpy(dtype=float)
     bad = ~np.isfinite(step) | (np.abs(step) > MAX_STEP)
     if bad.any():
@@ -135,22 +162,34 @@ def _checked_steps(out: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             f"{fractional} row(s) had a fractional step (e.g. {example:g}): taken as its whole part"
         )
         out = out.assign(**{C.STEP: whole})
-    duplicates = int(pd.Series(whole).duplicated().sum())
-    if duplicates:
-        notes.append(
-            f"{duplicates} row(s) repeat the step of an earlier row: merged into it (the last "
-            "value of each column wins)"
-        )
-    return out, notes
+    return out, notes + _duplicate_note(whole)
+
+
+def _duplicate_note(steps: np.ndarray) -> list[str]:
+    """The note on rows that repeat an earlier row's step (none when the steps increase, the
+    usual log; else counted by a sort: a hash table of a million steps costs five times the
+    column)."""
+    if len(steps) < 2 or bool((steps[1:] > steps[:-1]).all()):
+        return []
+    duplicates = len(steps) - len(np.unique(steps))
+    if not duplicates:
+        return []
+    return [
+        f"{duplicates} row(s) repeat the step of an earlier row: merged into it (the last value "
+        "of each column wins)"
+    ]
 
 
 def _marks(
-    n: int, logged: np.ndarray | None, literal: Sequence[tuple[str, np.ndarray]]
+    n: int,
+    logged: np.ndarray | None,
+    literal: Sequence[tuple[str, np.ndarray]],
+    blank: str | None = None,
 ) -> np.ndarray:
     """[n] the ``C.NONFINITE`` cell of each row: the run log's own marks (text), then each
-    column whose cell was a literal nan/inf, comma-joined; None where there are none. Strings
-    are built only for the rows that have a mark (a long clean log makes none)."""
-    out = np.full(n, None, dtype=object)
+    column whose cell was a literal nan/inf, comma-joined; ``blank`` where there are none.
+    Strings are built only for the rows that have a mark (a long clean log makes none)."""
+    out = np.full(n, blank, dtype=object)
     rows = np.zeros(n, dtype=bool)
     if logged is not None:
         is_text = np.fromiter((isinstance(v, str) for v in logged), dtype=bool, count=n)
@@ -162,7 +201,7 @@ def _marks(
         for col, lit in literal:
             if lit[i]:
                 mark = mark + "," + col
-        out[i] = mark.strip(",") or None
+        out[i] = mark.strip(",") or blank
     return out
 
 

@@ -14,7 +14,6 @@ import textwrap
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from lld_monitor.analysis import parallel
@@ -46,7 +45,7 @@ _COMPARE = textwrap.dedent(
         inputs += [(p.name, p) for p in sorted(real.iterdir())
                    if p.suffix not in (".tsv", ".md") and not p.name.startswith(".")]
     inputs += [(f"make_run:{k}", make_run(k, n_steps=2500, seed=5).steps)
-               for k in ("collapse", "healthy", "dip", "nonfinite", "small_batch")]
+               for k in ("collapse", "healthy", "grad_spikes", "dip", "nonfinite", "small_batch")]
     forked = []
     real_parallel = parallel.replay_parallel
     def spy(*a, **k):
@@ -86,7 +85,7 @@ def test_two_cores_give_the_one_process_replay_row_for_row():
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert len(rows) >= 10
-    with_shift = 0
+    with_shift = with_mode = with_spike = 0
     for r in rows:
         name = r["name"]
         if r["rows"] >= 2:  # (a table of one row has no strictly increasing steps to test)
@@ -97,8 +96,14 @@ def test_two_cores_give_the_one_process_replay_row_for_row():
         with_shift += any(
             a["evidence"].get("detector") == "level_shift" for a in r["one"]["alerts"]
         )
-        with_shift += any(a["kind"] == "mode_collapse" for a in r["one"]["alerts"])
-    assert with_shift >= 3  # (inputs where the offloaded checks do raise alerts)
+        with_mode += any(a["kind"] == "mode_collapse" for a in r["one"]["alerts"])
+        with_spike += any(a["kind"] == "spike" for a in r["one"]["alerts"])
+    # (inputs where the offloaded checks do raise alerts)
+    assert with_shift >= 3 and with_mode >= 1 and with_spike >= 3, (
+        with_shift,
+        with_mode,
+        with_spike,
+    )
 
 
 def _one_process(df):
@@ -120,13 +125,13 @@ def _child_exits_at_once(conn, *args):
     os._exit(3)
 
 
-def _child_raises_after_a_chunk(conn, checks, arrays, steps, n):
+def _child_raises_after_a_chunk(conn, checks, arrays, steps, warm, n):
     _, hi = parallel.chunks(n)[0]
     conn.send((hi, [[] for _ in checks]))
     raise RuntimeError("the child fails")
 
 
-def _child_sends_the_wrong_rows(conn, checks, arrays, steps, n):
+def _child_sends_the_wrong_rows(conn, checks, arrays, steps, warm, n):
     conn.send((-1, [[] for _ in checks]))
 
 
@@ -156,36 +161,47 @@ def test_a_failed_child_means_the_replay_runs_again_in_one_process(monkeypatch, 
 
 def test_the_fork_is_only_for_long_fresh_tables_in_a_process_without_threads(monkeypatch):
     df = prepare_steps(make_run("healthy", n_steps=300, seed=1).steps)
-    steps = df["step"].to_numpy(dtype=float)
     det = PhaseDetector()
     monkeypatch.setattr(parallel, "MIN_ROWS", 100)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     if threading.active_count() == 1 and cores >= 2 and hasattr(os, "fork"):
-        idx = parallel.usable(det, len(df), steps)
+        idx = parallel.usable(det, len(df), True)
         assert [type(det.checks[i]).__name__ for i in idx] == [
+            "KlSpike",
+            "GradSpike",
             "ModeCollapse",
             "LevelShiftCollapse",
         ]
-    assert parallel.usable(det, 99, steps[:99]) == []  # too few rows
-    assert parallel.usable(det, len(df), steps[::-1].copy()) == []  # steps not increasing
-    assert parallel.usable(det, len(df), np.r_[steps[:-1], np.nan]) == []
+    assert parallel.usable(det, 99, True) == []  # too few rows
+    assert parallel.usable(det, len(df), False) == []  # steps not increasing
     busy = PhaseDetector()
     busy.update({"step": 1, "reward_mean": 0.5})
-    assert parallel.usable(busy, len(df), steps) == []  # not a fresh detector
+    assert parallel.usable(busy, len(df), True) == []  # not a fresh detector
     stop = threading.Event()
     t = threading.Thread(target=stop.wait, daemon=True)
     t.start()
     try:
-        assert parallel.usable(det, len(df), steps) == []  # another thread is running
+        assert parallel.usable(det, len(df), True) == []  # another thread is running
     finally:
         stop.set()
         t.join()
 
 
 def test_chunks_cover_the_rows_once_in_order():
-    for n in (0, 1, 1023, 1024, 1025, 5000, 200_000):
+    for n in (0, 1, 2047, 2048, 2049, 5000, 200_000):
         spans = parallel.chunks(n)
         assert [lo for lo, _ in spans] == [0, *(hi for _, hi in spans[:-1])][: len(spans)]
         assert (spans[-1][1] if spans else 0) == n
-        assert all(hi - lo <= parallel.MAX_CHUNK for lo, hi in spans)
-    assert parallel.chunks(5000) == [(0, 1024), (1024, 3072), (3072, 5000)]
+        assert all(0 < hi - lo <= parallel.CHUNK for lo, hi in spans)
+    assert parallel.chunks(5000) == [(0, 2048), (2048, 4096), (4096, 5000)]
+
+
+def test_a_triage_worker_replays_in_its_own_process(monkeypatch):
+    monkeypatch.setattr(parallel, "_FORK", [True])
+    monkeypatch.setattr(parallel, "MIN_ROWS", 100)
+    det = PhaseDetector()
+    allowed = threading.active_count() == 1 and hasattr(os, "fork")
+    if allowed and len(os.sched_getaffinity(0)) >= 2:
+        assert parallel.usable(det, 1000, True) != []
+    parallel.no_fork()  # (the triage pool's initializer)
+    assert parallel.usable(det, 1000, True) == []

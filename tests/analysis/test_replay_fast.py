@@ -44,7 +44,7 @@ def _inputs() -> list[tuple[str, pd.DataFrame]]:
 
 def _replay_plain(df, monkeypatch):
     with monkeypatch.context() as m:
-        m.setattr(offline, "_bound_level_shift", lambda det, df: None)
+        m.setattr(offline, "_bound_level_shift", lambda det, df, ordered: None)
         return replay(df)
 
 
@@ -71,7 +71,7 @@ def test_the_bound_is_what_decides_the_skip(monkeypatch):
     alerts, _, _ = replay(df)
     assert any(a.evidence.get("detector") == "level_shift" for a in alerts)
 
-    def no_row_can_cross(det, df):
+    def no_row_can_cross(det, df, ordered):
         check = next(c for c in det.checks if type(c) is LevelShiftCollapse)
         check.set_bound(np.full(len(df), -np.inf))
         return check

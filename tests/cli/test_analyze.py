@@ -464,3 +464,14 @@ def test_triage_reports_progress_through_the_same_line(tmp_path, monkeypatch):
     verdicts = triage(tmp_path, progress=log, jobs=1)
     assert len(verdicts) == 3
     assert log.getvalue() == "triage: 1/3 runs analysed\ntriage: 3/3 runs analysed\n"
+
+
+def test_analyze_has_glibc_return_large_freed_blocks():
+    import platform
+
+    from lld_monitor.cli.analyze import return_large_frees
+
+    done = return_large_frees()
+    assert isinstance(done, bool)
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert done  # (mallopt accepted the threshold)

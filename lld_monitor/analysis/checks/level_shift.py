@@ -355,11 +355,13 @@ class LevelShiftCollapse(Check):
 
         x = np.asarray(rewards, dtype=float)  # [n]
         n = len(x)
-        cum = np.concatenate([[0.0], np.cumsum(x)])  # [n + 1]: the running sums, in order
+        cum = np.empty(n + 1)  # [n + 1]: the running sums, in order
+        cum[0] = 0.0
+        np.cumsum(x, out=cum[1:])
         out = np.full(n, -np.inf)
         min_drop = self.shift.min_drop * (1.0 - 1e-6)  # (generous: rounding never skips a row)
-        for lo in range(0, n, 1 << 16):  # blocks of rows: the temporaries stay small
-            rows = np.arange(lo + 1, min(lo + (1 << 16), n) + 1)  # [b] rows in the buffer
+        for lo in range(0, n, 1 << 14):  # blocks of rows: the temporaries stay small
+            rows = np.arange(lo + 1, min(lo + (1 << 14), n) + 1)  # [b] rows in the buffer
             best = out[lo : lo + len(rows)]  # (a view)
             for length, r_full in _TESTS:
                 r = np.minimum(r_full, rows - length)  # [b]
