@@ -141,7 +141,8 @@ def prepare_steps(df: pd.DataFrame) -> pd.DataFrame:
     ):
         # already one row a step, in order (a loaded table): no copy of the columns
         out = df.copy(deep=False)
-        out[C.STEP] = step.astype(np.int64).to_numpy()
+        if out[C.STEP].dtype != np.int64:
+            out[C.STEP] = step.astype(np.int64).to_numpy()
         return out.reset_index(drop=True)
     out = df.loc[step.notna()].copy()
     out[C.STEP] = step[step.notna()].astype(np.int64)
@@ -174,6 +175,13 @@ def replay(
     if step_arr.dtype.kind not in "iuf":
         step_arr = df[C.STEP].to_numpy(dtype=float)
     mark_col = df[C.NONFINITE] if C.NONFINITE in df.columns else None
+    mark_codes = split = None
+    if mark_col is not None and isinstance(mark_col.dtype, pd.CategoricalDtype):
+        # (the importers' categorical marks: each category split once, read by code; the
+        # lists are only read)
+        split = [c.split(",") if isinstance(c, str) else None for c in mark_col.cat.categories]
+        split.append(None)  # (code -1: no mark)
+        mark_codes = mark_col.cat.codes.to_numpy()
     alerts: list[Alert] = []
     phases: list[str] = []
 
@@ -190,7 +198,9 @@ def replay(
             # which missing values the log names non-finite (C.NONFINITE; a blank cell is
             # missing)
             marks: Any = (
-                [m.split(",") if isinstance(m, str) else None for m in mark_col.iloc[a:b]]
+                [split[c] for c in mark_codes[a:b].tolist()]
+                if mark_codes is not None
+                else [m.split(",") if isinstance(m, str) else None for m in mark_col.iloc[a:b]]
                 if mark_col is not None
                 else itertools.repeat(None)
             )
@@ -220,16 +230,19 @@ def replay(
         (step_arr.dtype.kind != "f" or np.isfinite(step_arr).all())
         and (step_arr[1:] > step_arr[:-1]).all()
     )
-    shift = _bound_level_shift(det, df, ordered)
+    shift = None
     try:
         index = parallel.usable(det, n, ordered)
-        if index and parallel.replay_parallel(det, index, arrays, step_arr, run_rows):
+        # (forked: the child, which runs the level-shift check, gives it its bound)
+        if index and parallel.replay_parallel(
+            det, index, arrays, step_arr, run_rows, lambda: _bound_level_shift(det, df, ordered)
+        ):
             return alerts, phases, det
         if index:  # (the child failed: again, in this process)
             alerts.clear()
             phases.clear()
             det.reset()
-            shift = _bound_level_shift(det, df, ordered)
+        shift = _bound_level_shift(det, df, ordered)
         run_rows(0, n)
     finally:
         if shift is not None:
@@ -321,8 +334,9 @@ def analyze_run(
                 f"more than {MAX_REFINEMENTS} phase escalations: boundaries after the first "
                 f"{MAX_REFINEMENTS} are where the detector became sure, not change points"
             )
+    columns = {c: _floats(df[c]) for c in _EVIDENCE_COLUMNS if c in df.columns}
     segs = [
-        PhaseSegment(p, int(a), int(b), {**_segment_evidence(df, int(a), int(b)), **ev})
+        PhaseSegment(p, int(a), int(b), {**_segment_evidence(steps, columns, int(a), int(b)), **ev})
         for p, a, b, ev in segments
     ]
     return Analysis(
@@ -431,19 +445,48 @@ def _change_point(x: np.ndarray, y: np.ndarray, *, min_size: int = 8, f_min: flo
     return int(x[bk]) if f >= f_min else None
 
 
-def _segment_evidence(df: pd.DataFrame, start: int, end: int) -> dict[str, Any]:
-    """Robust start/end levels of the main signals inside a segment (medians of 5 rows)."""
-    part = df[(df[C.STEP] >= start) & (df[C.STEP] <= end)]
-    ev: dict[str, Any] = {"rows": len(part)}
-    for col in (C.REWARD_MEAN, C.LOGP_CORRECT, C.GRAD_NORM, C.ENTROPY, C.FRAC_CORRECT_DISPLACED):
-        if col not in part.columns:
+_EVIDENCE_COLUMNS = (
+    C.REWARD_MEAN,
+    C.LOGP_CORRECT,
+    C.GRAD_NORM,
+    C.ENTROPY,
+    C.FRAC_CORRECT_DISPLACED,
+)
+
+
+def _segment_evidence(
+    steps: np.ndarray, columns: dict[str, np.ndarray], start: int, end: int
+) -> dict[str, Any]:
+    """Robust start/end levels of the main signals inside a segment (medians of the first and
+    last 5 values that are not NaN). ``steps``: [n] sorted; ``columns``: [n] float arrays. The
+    segment's rows are a slice (a segment of a long run is never copied)."""
+    i0 = int(np.searchsorted(steps, start, side="left"))
+    i1 = int(np.searchsorted(steps, end, side="right"))
+    ev: dict[str, Any] = {"rows": i1 - i0}
+    for col in _EVIDENCE_COLUMNS:
+        if col not in columns:
             continue
-        vals = pd.to_numeric(part[col], errors="coerce").dropna()
-        if vals.empty:
+        vals = columns[col][i0:i1]  # (a view)
+        head = _valid(vals, 5)
+        if not head.size:
             continue
-        ev[f"{col}_start"] = float(vals.iloc[:5].median())
-        ev[f"{col}_end"] = float(vals.iloc[-5:].median())
+        ev[f"{col}_start"] = float(np.median(head))
+        ev[f"{col}_end"] = float(np.median(_valid(vals[::-1], 5)[::-1]))
     return ev
+
+
+def _valid(vals: np.ndarray, k: int) -> np.ndarray:
+    """The first ``k`` values that are not NaN, in order (read a window at a time: a long
+    slice is not scanned whole)."""
+    out: list[np.ndarray] = []
+    got, lo, width = 0, 0, 16
+    while got < k and lo < len(vals):
+        part = vals[lo : lo + width]
+        part = part[~np.isnan(part)]
+        out.append(part[: k - got])
+        got += len(out[-1])
+        lo, width = lo + width, width * 4
+    return np.concatenate(out) if out else vals[:0]
 
 
 def _collapse_step(df: pd.DataFrame, segs: Sequence[PhaseSegment]) -> int | None:

@@ -49,6 +49,9 @@ MIN_ROWS = 20_000
 #: faster of the two), so it is short; and all are the same length (chunks that grew would have
 #: the child run a longer chunk than the parent's at every step, and the parent wait each time).
 CHUNK = 2048
+#: Seconds without a word from the child after which it is taken for hung (a chunk takes a few
+#: hundredths of a second): it is killed and the replay runs in one process.
+CHILD_TIMEOUT_S = 60.0
 
 _FIELDS = ("step", *INPUT_COLUMNS, "warm")
 _FORK = [True]  # (False: this process shares the cores with sibling workers; see no_fork)
@@ -175,10 +178,13 @@ def replay_parallel(
     arrays: list,
     steps: np.ndarray,
     run_rows: Callable[[int, int], None],
+    in_child: Callable[[], Any] | None = None,
 ) -> bool:
     """Replay with the checks ``det.checks[index]`` in a forked child; ``run_rows(lo, hi)``
-    feeds the parent's rows (the caller's loop). True when done; False when the child failed
-    (cleaned up: the caller resets the detector and replays in one process)."""
+    feeds the parent's rows (the caller's loop); ``in_child()`` runs in the child before its
+    rows (work for its checks alone: the level-shift bound, never held by the parent). True
+    when done; False when the child failed (cleaned up: the caller resets the detector and
+    replays in one process)."""
     from multiprocessing import Pipe
 
     n = len(steps)
@@ -189,6 +195,8 @@ def replay_parallel(
         code = 1
         try:
             reader.close()
+            if in_child is not None:
+                in_child()
             _child(writer, originals, arrays, steps, warm_rows(steps, det.config), n)
             code = 0
         finally:
@@ -201,12 +209,16 @@ def replay_parallel(
             det.checks[i] = p
         det._find_trend()
         for lo, hi in chunks(n):
+            if not reader.poll(CHILD_TIMEOUT_S):
+                return False
             got_hi, records = reader.recv()
             if got_hi != hi:
                 return False
             for p, rec in zip(plays, records):
                 p.feed(rec)
             run_rows(lo, hi)
+        if not reader.poll(CHILD_TIMEOUT_S):
+            return False
         tag, back = reader.recv()
         if tag != "done" or [type(c) for c in back] != [type(c) for c in originals]:
             return False

@@ -25,7 +25,10 @@ def _load(name: str):
     return importlib.import_module(SUBCOMMANDS[name][0])
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; ``only``: a subcommand whose module alone is imported to add its
+    arguments (the others are listed with their help line: ``lld-monitor analyze`` does not
+    import the simulator or the trainer's monitor, 10 MB and some time)."""
     from lld_monitor import __version__
 
     parser = argparse.ArgumentParser(
@@ -36,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        if only is not None and name != only:
+            continue
         try:
             _load(name).add_arguments(p)
         except ImportError as exc:  # a subcommand whose optional module is missing
@@ -44,8 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    # the subcommand named first: only its module is needed (anything else: the whole parser)
+    first = args_in[0] if args_in else None
+    parser = build_parser(first if first in SUBCOMMANDS else None)
+    args = parser.parse_args(args_in)
     if args.command is None:
         parser.print_help()
         return 0

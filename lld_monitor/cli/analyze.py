@@ -231,17 +231,21 @@ def warmup_note(analysis: Any, df: pd.DataFrame) -> str | None:
     from lld_monitor.analysis.detector import DetectorConfig
 
     cfg = DetectorConfig()
-    steps = df[C.STEP].to_numpy()
-    rows = np.arange(1, len(steps) + 1)
-    warm = np.flatnonzero((steps - steps[0] >= cfg.warmup_steps) & (rows >= cfg.warmup_rows))
+    steps = df[C.STEP].to_numpy()  # (sorted: the importers sort them)
+    # the first row with warmup_steps steps since the first and warmup_rows rows (a search:
+    # no mask as long as the run)
+    first = max(
+        int(np.searchsorted(steps, steps[0] + cfg.warmup_steps, side="left")),
+        cfg.warmup_rows - 1,
+    )
     rule = f"{cfg.warmup_steps} steps and {cfg.warmup_rows} rows"
     seg = phases[0]
-    if not warm.size:
+    if first >= len(steps):
         return (
             f"this run ({len(df)} rows, steps {steps[0]}-{steps[-1]}) is shorter than the "
             f"detector's warm-up ({rule}): 'unknown' means too little history, not a problem"
         )
-    end = int(steps[warm[0]])  # the first step the detector judges
+    end = int(steps[first])  # the first step the detector judges
     if seg.end_step <= end + cfg.window_steps:
         return (
             f"'unknown' at steps {seg.start_step}-{seg.end_step} is the detector's warm-up "

@@ -71,7 +71,10 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         st = np.floor(st)
     ordered = len(st) < 2 or bool((st[1:] > st[:-1]).all())
     del st
-    out[C.NONFINITE] = _marks(len(out), logged, literal, blank="" if ordered else None)
+    # (categorical: a code a row, not a pointer to a string; a long clean log's marks are all
+    # blank, and a bare array of strings would be converted to pandas' string dtype)
+    marks = _mark_codes(len(out), logged, literal, blank="" if ordered else None)
+    out[C.NONFINITE] = pd.Series(marks, index=out.index, copy=False)
     training = [c for c in out.columns if c not in _NON_TRAINING and c != C.NONFINITE]
     if not training:
         return pd.DataFrame(columns=[C.STEP]), unmapped
@@ -180,29 +183,37 @@ def _duplicate_note(steps: np.ndarray) -> list[str]:
     ]
 
 
-def _marks(
+def _mark_codes(
     n: int,
     logged: np.ndarray | None,
     literal: Sequence[tuple[str, np.ndarray]],
     blank: str | None = None,
-) -> np.ndarray:
-    """[n] the ``C.NONFINITE`` cell of each row: the run log's own marks (text), then each
-    column whose cell was a literal nan/inf, comma-joined; ``blank`` where there are none.
-    Strings are built only for the rows that have a mark (a long clean log makes none)."""
-    out = np.full(n, blank, dtype=object)
+) -> pd.Categorical:
+    """[n] the ``C.NONFINITE`` cell of each row, as a categorical: the run log's own marks
+    (text), then each column whose cell was a literal nan/inf, comma-joined; ``blank`` where
+    there are none (None: a missing cell). "" is always the first category, so that a blank
+    filled with "" later needs no new one. Strings are built only for the rows that have a mark
+    (a long clean log makes none), and no array of every cell is."""
     rows = np.zeros(n, dtype=bool)
     if logged is not None:
-        is_text = np.fromiter((isinstance(v, str) for v in logged), dtype=bool, count=n)
-        rows |= is_text
+        rows |= np.fromiter((isinstance(v, str) for v in logged), dtype=bool, count=n)
     for _, lit in literal:
         rows |= lit
+    categories: dict[str, int] = {"": 0}
+    codes = np.full(n, 0 if blank == "" else -1, dtype=np.int8)
     for i in np.flatnonzero(rows):
         mark = logged[i] if logged is not None and isinstance(logged[i], str) else ""
         for col, lit in literal:
             if lit[i]:
                 mark = mark + "," + col
-        out[i] = mark.strip(",") or blank
-    return out
+        mark = mark.strip(",") or blank
+        if mark is None:
+            continue
+        code = categories.setdefault(mark, len(categories))
+        if code > np.iinfo(codes.dtype).max:  # (many distinct marks: wider codes)
+            codes = codes.astype(np.int32)
+        codes[i] = code
+    return pd.Categorical.from_codes(codes, categories=list(categories))
 
 
 def _skipped_lines_note(records: Any) -> list[str]:

@@ -135,9 +135,16 @@ def _child_sends_the_wrong_rows(conn, checks, arrays, steps, warm, n):
     conn.send((-1, [[] for _ in checks]))
 
 
+def _child_hangs(conn, *args):
+    import time
+
+    time.sleep(30)
+
+
 @needs_fork
 @pytest.mark.parametrize(
-    "broken", [_child_exits_at_once, _child_raises_after_a_chunk, _child_sends_the_wrong_rows]
+    "broken",
+    [_child_exits_at_once, _child_raises_after_a_chunk, _child_sends_the_wrong_rows, _child_hangs],
 )
 def test_a_failed_child_means_the_replay_runs_again_in_one_process(monkeypatch, broken):
     if threading.active_count() != 1:
@@ -146,6 +153,7 @@ def test_a_failed_child_means_the_replay_runs_again_in_one_process(monkeypatch, 
     expected = _one_process(df)
     monkeypatch.setattr(parallel, "MIN_ROWS", 0)
     monkeypatch.setattr(parallel, "_child", broken)
+    monkeypatch.setattr(parallel, "CHILD_TIMEOUT_S", 0.5)  # (a hung child: killed after it)
     results = []
     real = parallel.replay_parallel
     monkeypatch.setattr(

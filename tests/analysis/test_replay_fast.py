@@ -21,7 +21,7 @@ from lld_monitor.analysis.checks.level_shift import _TESTS
 from lld_monitor.analysis.offline import load_steps, prepare_steps, replay
 from lld_monitor.analysis.stats import GLR_MIN_REF
 from lld_monitor.importers import Head, load_table
-from lld_monitor.importers.table import _marks
+from lld_monitor.importers.table import _mark_codes
 from lld_monitor.testing import make_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,9 +128,15 @@ def test_marks_join_the_logged_mark_and_the_literal_columns():
     logged = np.array(["loss", None, float("nan"), "", None], dtype=object)
     lit_reward = np.array([True, False, False, True, False])
     lit_grad = np.array([True, False, True, False, False])
-    got = _marks(5, logged, [("reward_mean", lit_reward), ("grad_norm", lit_grad)])
-    assert got.tolist() == ["loss,reward_mean,grad_norm", None, "grad_norm", "reward_mean", None]
-    assert _marks(3, None, []).tolist() == [None, None, None]
+    got = _mark_codes(5, logged, [("reward_mean", lit_reward), ("grad_norm", lit_grad)])
+    cells = [None if pd.isna(v) else v for v in got]
+    assert cells == ["loss,reward_mean,grad_norm", None, "grad_norm", "reward_mean", None]
+    assert got.categories[0] == ""  # (a blank filled with "" later needs no new category)
+    assert [None if pd.isna(v) else v for v in _mark_codes(3, None, [])] == [None] * 3
+    assert list(_mark_codes(3, None, [], blank="")) == ["", "", ""]
+    # more distinct marks than int8 codes hold
+    many = np.array([f"m{i}" for i in range(300)], dtype=object)
+    assert list(_mark_codes(300, many, [])) == many.tolist()
 
 
 def test_prepare_steps_on_an_ordered_table_copies_nothing_and_changes_nothing():
@@ -216,3 +222,18 @@ def test_a_csv_read_in_chunks_is_the_table_read_whole(tmp_path, monkeypatch, tex
     assert np.isinf(chunked[C.GRAD_NORM].iloc[0]) and chunked[C.KL].iloc[1000:2500].isna().all()
     if text_at is not None:
         assert chunked[C.NONFINITE].iloc[text_at] == "grad_norm"
+
+
+def test_bounds_across_the_blocks_of_rows_equal_the_row_loop():
+    # 70k rows: two of bounds()'s 65536-row blocks, with a fall just before the boundary (the
+    # longest tests then reach back across it)
+    rng = np.random.default_rng(11)
+    n, fall = 70_000, 65_500
+    x = 0.5 + 0.03 * rng.standard_normal(n)
+    x[fall:] -= 0.3
+    check = LevelShiftCollapse()
+    got = check.bounds(x)
+    want = np.array(_bounds_by_hand(x.tolist(), check.shift.min_drop * (1 - 1e-6)))
+    np.testing.assert_array_equal(got, want)
+    assert np.isfinite(got[fall + 1 : fall + 300]).all() and got[fall + 1 : fall + 300].max() > 2.5
+    assert fall < int(np.argmax(got)) < fall + 600

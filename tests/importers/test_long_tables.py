@@ -38,6 +38,7 @@ def test_whole_number_steps_give_the_table_decimal_steps_give(tmp_path):
     assert a.attrs["import_notes"] == b.attrs["import_notes"]
     assert any("2 row(s) repeat the step" in n for n in a.attrs["import_notes"])
     assert a[C.STEP].tolist() == [1, 2, 3, 4, 5]
+    assert isinstance(a[C.NONFINITE].dtype, pd.CategoricalDtype)
     # merged rows: the last value of each column wins, and the last mark (step 2: its second
     # row's inf; step 5: its first row's nan, the second row having no mark and no loss)
     assert a[C.NONFINITE].tolist() == ["loss", "grad_norm", "", "", "loss"]
@@ -56,6 +57,9 @@ def test_ordered_whole_number_steps_keep_their_column_and_blank_marks():
     assert unmapped == []
     assert out[C.STEP].tolist() == list(range(10, 20)) and out[C.STEP].dtype == np.int64
     assert out[C.NONFINITE].tolist() == ["", "loss", *[""] * 8]
+    # a code a row (not a pointer to a string, nor pandas' string dtype: a copy of every cell)
+    assert isinstance(out[C.NONFINITE].dtype, pd.CategoricalDtype)
+    assert out[C.NONFINITE].cat.codes.dtype == np.int8
     assert out.attrs["import_notes"] == []
 
 

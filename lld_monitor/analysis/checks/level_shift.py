@@ -360,11 +360,26 @@ class LevelShiftCollapse(Check):
         np.cumsum(x, out=cum[1:])
         out = np.full(n, -np.inf)
         min_drop = self.shift.min_drop * (1.0 - 1e-6)  # (generous: rounding never skips a row)
-        for lo in range(0, n, 1 << 14):  # blocks of rows: the temporaries stay small
-            rows = np.arange(lo + 1, min(lo + (1 << 14), n) + 1)  # [b] rows in the buffer
-            best = out[lo : lo + len(rows)]  # (a view)
+        block = 1 << 16  # rows at a time: the temporaries stay small
+        for lo in range(0, n, block):
+            hi = min(lo + block, n)  # rows lo + 1 .. hi (1-based: row i has cum[i])
+            best = out[lo:hi]  # (a view)
             for length, r_full in _TESTS:
-                r = np.minimum(r_full, rows - length)  # [b]
+                # rows with the full reference (row >= length + r_full), by slices of cum
+                a = max(lo + 1, length + r_full)
+                if a <= hi:
+                    mid = cum[a - length : hi - length + 1]
+                    ref = (mid - cum[a - length - r_full : hi - length - r_full + 1]) / r_full
+                    drop = ref - (cum[a : hi + 1] - mid) / length
+                    scale = np.sqrt(1.0 / length + 1.0 / r_full)
+                    val = np.where(drop >= min_drop, drop / scale, -np.inf)
+                    np.maximum(best[a - 1 - lo :], val, out=best[a - 1 - lo :])
+                # the first rows of a run: a shorter reference (r = row - length)
+                b = min(hi, length + r_full - 1)
+                if lo + 1 > b:
+                    continue
+                rows = np.arange(lo + 1, b + 1)  # [k]
+                r = rows - length
                 ok = r >= GLR_MIN_REF
                 if not ok.any():
                     continue
@@ -372,7 +387,7 @@ class LevelShiftCollapse(Check):
                 mid = cum[i - length]
                 drop = (mid - cum[i - length - rr]) / rr - (cum[i] - mid) / length
                 val = np.where(drop >= min_drop, drop / np.sqrt(1.0 / length + 1.0 / rr), -np.inf)
-                best[ok] = np.maximum(best[ok], val)
+                best[i - 1 - lo] = np.maximum(best[i - 1 - lo], val)
         return out
 
     def set_bound(self, bound: Any) -> None:
