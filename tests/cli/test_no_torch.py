@@ -69,3 +69,24 @@ def test_building_the_parser_needs_no_trainer_module(no_torch_env: dict[str, str
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
+
+
+def test_a_subcommand_imports_only_its_own_module(tmp_path) -> None:
+    # `lld-monitor analyze` reads a log: the simulator, the datasets and the trainer's monitor
+    # (the other subcommands' modules, 10 MB resident) stay unimported; `--help` still lists all
+    csv = tmp_path / "h.csv"
+    csv.write_text("_step,train/reward\n1,0.1\n2,0.2\n3,0.3\n")
+    code = (
+        "import contextlib, io, sys; from lld_monitor.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    rc = main(['analyze', '--json', {str(csv)!r}])\n"
+        "print(rc, sorted(m for m in sys.modules if m.startswith('lld_monitor.') and "
+        "m.split('.')[1] in ('testing', 'datasets', 'monitor', 'toy')))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "0 []"
+    from lld_monitor.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])  # (its module is loaded when named)
