@@ -3,8 +3,9 @@
 Alerts come from replaying the online ``PhaseDetector`` over the rows (so offline and live
 alerts agree by construction). Segment boundaries then use what only hindsight has: each
 escalation is moved back from the step where the detector became sure to the change point of
-the signal that drove it (least-squares two-piece linear fit, ruptures ``Binseg`` with the
-``linear`` cost against the step), when that change point is significant.
+the signal that drove it (least-squares two-piece linear fit: ruptures' ``Binseg`` with the
+``linear`` cost against the step, reproduced in ``_change_point``), when that change point is
+significant.
 """
 
 from __future__ import annotations
@@ -406,7 +407,7 @@ def _refine(
         if cp is not None and prev[1] < cp < hi:
             prev[2] = int(steps[steps < cp].max())
             cur[1] = int(cp)
-            cur[3] = {**cur[3], "boundary": f"change point of {col} (ruptures Binseg, linear)"}
+            cur[3] = {**cur[3], "boundary": f"change point of {col} (binary segmentation, linear)"}
         elif cp is None and cur[0] == "stagnation" and _RANK[prev[0]] == 0 and ok.sum() >= 5:
             # no change in the driving signal over [lo, hi]: the regime that fired held there
             if lo <= prev[1]:
@@ -422,27 +423,67 @@ def _refine(
 def _change_point(x: np.ndarray, y: np.ndarray, *, min_size: int = 8, f_min: float = 25.0):
     """Step of the best single break of a two-piece linear fit of y on x, or None if weak.
 
-    Significance: the F-like ratio of the RSS saved by the break to the residual variance
-    after it must reach ``f_min``.
+    The break is ruptures' ``Binseg(model="linear", min_size, jump=1)`` with one breakpoint,
+    reproduced (ruptures imports scipy.stats, 0.5-0.9 s of every ``analyze``; a test checks
+    the two agree): the row index bk in [min_size, n - min_size] with the largest gain
+    RSS(0, n) - RSS(0, bk) - RSS(bk, n) of least-squares lines in x (ties: the larger bk), the
+    RSS of every candidate from running sums and the near-best ones again by ``lstsq``, as
+    ruptures computes them. Significance: the F-like ratio of the RSS saved by the break to
+    the residual variance after it must reach ``f_min``.
     """
     n = len(y)
     if n < 3 * min_size:
         return None
-    import ruptures as rpt
-
-    signal = np.column_stack([y, np.ones(n), x - x[0]])  # [n, 3]: target, intercept, step
-    algo = rpt.Binseg(model="linear", min_size=min_size, jump=1).fit(signal)
-    bk = algo.predict(n_bkps=1)[0]
-    if not 0 < bk < n:
-        return None
-    cost = algo.cost
-    rss0 = cost.error(0, n)
-    rss1 = cost.error(0, bk) + cost.error(bk, n)
+    t = np.asarray(x, dtype=float) - x[0]
+    y = np.asarray(y, dtype=float)
+    bk = _best_break(t, y, min_size)
+    rss0 = _rss(t, y)
+    rss1 = _rss(t[:bk], y[:bk]) + _rss(t[bk:], y[bk:])
     dof = n - 4
     if rss1 <= 0.0:
         return int(x[bk]) if rss0 > 0.0 else None
     f = (rss0 - rss1) / (rss1 / dof)
     return int(x[bk]) if f >= f_min else None
+
+
+def _rss(t: np.ndarray, y: np.ndarray) -> float:
+    """The residual sum of squares of the least-squares line of y on t (ruptures' linear cost:
+    ``lstsq`` of y on [1, t]; 0.0 where lstsq reports none, a rank-deficient segment)."""
+    design = np.column_stack([np.ones(len(t)), t])
+    _, residual, _, _ = np.linalg.lstsq(design, y.reshape(-1, 1), rcond=None)
+    return float(residual.sum())
+
+
+def _best_break(t: np.ndarray, y: np.ndarray, min_size: int) -> int:
+    """The row index of the break with the largest gain (see ``_change_point``)."""
+    n = len(y)
+    # running sums of centred values (smaller sums, less cancellation), a candidate a column
+    tc, yc = t - t.mean(), y - y.mean()
+    one = np.arange(n + 1, dtype=float)
+    st, sy = np.r_[0.0, np.cumsum(tc)], np.r_[0.0, np.cumsum(yc)]
+    stt, sty, syy = (np.r_[0.0, np.cumsum(v)] for v in (tc * tc, tc * yc, yc * yc))
+
+    def rss(a: np.ndarray | int, b: np.ndarray | int) -> np.ndarray:
+        m = one[b] - one[a]
+        sx, s_y = st[b] - st[a], sy[b] - sy[a]
+        vxx = (stt[b] - stt[a]) - sx * sx / m
+        vxy = (sty[b] - sty[a]) - sx * s_y / m
+        vyy = (syy[b] - syy[a]) - s_y * s_y / m
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = vyy - np.where(vxx > 0.0, vxy * vxy / vxx, 0.0)
+        return np.maximum(out, 0.0)
+
+    bks = np.arange(min_size, n - min_size + 1)
+    total = float(rss(0, n))
+    gains = total - rss(0, bks) - rss(bks, n)
+    # the near-best again, exactly as ruptures computes them (the running sums differ from
+    # lstsq in the last digits): the largest (gain, bk), ties to the larger bk
+    tol = 1e-9 * max(total, float(np.abs(gains).max()), 1e-300)
+    near = bks[gains >= gains.max() - tol]
+    if len(near) == 1:
+        return int(near[0])
+    exact_total = _rss(t, y)
+    return max((exact_total - _rss(t[:b], y[:b]) - _rss(t[b:], y[b:]), int(b)) for b in near)[1]
 
 
 _EVIDENCE_COLUMNS = (
