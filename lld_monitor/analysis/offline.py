@@ -436,8 +436,8 @@ def _change_point(x: np.ndarray, y: np.ndarray, *, min_size: int = 8, f_min: flo
         return None
     t = np.asarray(x, dtype=float) - x[0]
     y = np.asarray(y, dtype=float)
-    bk = _best_break(t, y, min_size)
     rss0 = _rss(t, y)
+    bk = _best_break(t, y, min_size, rss0)
     rss1 = _rss(t[:bk], y[:bk]) + _rss(t[bk:], y[bk:])
     dof = n - 4
     if rss1 <= 0.0:
@@ -454,8 +454,9 @@ def _rss(t: np.ndarray, y: np.ndarray) -> float:
     return float(residual.sum())
 
 
-def _best_break(t: np.ndarray, y: np.ndarray, min_size: int) -> int:
-    """The row index of the break with the largest gain (see ``_change_point``)."""
+def _best_break(t: np.ndarray, y: np.ndarray, min_size: int, rss0: float | None = None) -> int:
+    """The row index of the break with the largest gain (see ``_change_point``; ``rss0``:
+    ``_rss(t, y)`` when the caller has it)."""
     n = len(y)
     # running sums of centred values (smaller sums, less cancellation), a candidate a column
     tc, yc = t - t.mean(), y - y.mean()
@@ -482,7 +483,7 @@ def _best_break(t: np.ndarray, y: np.ndarray, min_size: int) -> int:
     near = bks[gains >= gains.max() - tol]
     if len(near) == 1:
         return int(near[0])
-    exact_total = _rss(t, y)
+    exact_total = _rss(t, y) if rss0 is None else rss0
     return max((exact_total - _rss(t[:b], y[:b]) - _rss(t[b:], y[b:]), int(b)) for b in near)[1]
 
 

@@ -37,10 +37,11 @@ from lld_monitor.analysis.checks import (
     LevelShiftCollapse,
     ModeCollapse,
 )
-from lld_monitor.analysis.signals import INPUT_COLUMNS
+from lld_monitor.analysis.signals import INPUT_COLUMNS, warm_rows
 
 #: Check classes (exact types) that read only the row's raw values, its step and whether the
-#: detector is warm (``Signals.warm``, a function of the step and the row count: ``warm_rows``).
+#: detector is warm (``Signals.warm``, a function of the step and the row count:
+#: ``signals.warm_rows``).
 ROW_ONLY: tuple[type, ...] = (KlSpike, GradSpike, ModeCollapse, LevelShiftCollapse)
 #: Rows from which a replay is split over two processes (below it the fork costs more than it
 #: saves).
@@ -54,23 +55,14 @@ CHUNK = 2048
 CHILD_TIMEOUT_S = 60.0
 
 _FIELDS = ("step", *INPUT_COLUMNS, "warm")
-_FORK = [True]  # (False: this process shares the cores with sibling workers; see no_fork)
+_FORK = True  # (False: this process shares the cores with sibling workers; see no_fork)
 
 
 def no_fork() -> None:
     """Replays in this process stay in it: for a worker of a pool that already has a process
     per core (the triage's), where a second process per replay would only share the cores."""
-    _FORK[0] = False
-
-
-def warm_rows(steps: np.ndarray, config: Any) -> np.ndarray:
-    """[n] ``Signals.warm`` after each row of a replay whose every row is accepted (steps
-    strictly increasing): ``warmup_steps`` steps since the first row and ``warmup_rows`` rows."""
-    n = len(steps)
-    if not n:
-        return np.zeros(0, dtype=bool)
-    since = steps.astype(float) - float(steps[0])
-    return (since >= config.warmup_steps) & (np.arange(1, n + 1) >= config.warmup_rows)
+    global _FORK
+    _FORK = False
 
 
 def chunks(n: int) -> list[tuple[int, int]]:
@@ -81,7 +73,7 @@ def chunks(n: int) -> list[tuple[int, int]]:
 def usable(det: Any, n: int, ordered: bool) -> list[int]:
     """The indices in ``det.checks`` to run in a child, or [] when the fork is not for this
     replay (see the module docstring; ``ordered``: the steps strictly increase)."""
-    if not (ordered and _FORK[0]) or n < MIN_ROWS or det.signals.n_rows or not hasattr(os, "fork"):
+    if not (ordered and _FORK) or n < MIN_ROWS or det.signals.n_rows or not hasattr(os, "fork"):
         return []
     try:
         cores = len(os.sched_getaffinity(0))

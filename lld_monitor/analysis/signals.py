@@ -207,6 +207,20 @@ class _RollingOLS:
         self.n_since = int(d["n_since"])
 
 
+def warm_rows(steps: Any, config: DetectorConfig) -> Any:
+    """[n] ``Signals.warm`` after each row of a replay whose every row is accepted (steps
+    strictly increasing): ``warmup_steps`` steps since the first row and ``warmup_rows`` rows,
+    the rule ``Signals.update`` applies row by row, in the same float arithmetic (for the
+    replay's second process, ``analysis/parallel.py``, whose checks read ``warm``)."""
+    import numpy as np
+
+    n = len(steps)
+    if not n:
+        return np.zeros(0, dtype=bool)
+    since = steps.astype(float) - float(steps[0])
+    return (since >= config.warmup_steps) & (np.arange(1, n + 1) >= config.warmup_rows)
+
+
 class Signals:
     """The features of the rows seen so far, refreshed once per row by ``update``.
 

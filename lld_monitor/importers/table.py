@@ -88,9 +88,8 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         out = out[keep]
     if out.empty:
         return pd.DataFrame(columns=list(out.columns)), unmapped
-    out, step_notes = _checked_steps(out)
-    steps = out[C.STEP].to_numpy()
-    if len(steps) > 1 and not (steps[1:] > steps[:-1]).all():  # (else one row a step, in order)
+    out, step_notes, increasing = _checked_steps(out)
+    if not increasing:  # (else one row a step, in order)
         out = out.groupby(C.STEP, sort=True, as_index=False).last()
     if out[C.STEP].dtype != np.int64:
         out[C.STEP] = out[C.STEP].astype("int64")
@@ -135,52 +134,47 @@ def _row_notes(has_metric: np.ndarray, has_step: np.ndarray, unreadable: int) ->
     return notes
 
 
-def _checked_steps(out: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+def _checked_steps(out: pd.DataFrame) -> tuple[pd.DataFrame, list[str], bool]:
     """Steps beyond ``MAX_STEP`` refused; fractional steps floored, and counted; duplicates
-    counted (``canonicalize`` merges them)."""
-    if out[C.STEP].dtype == np.int64:  # (whole numbers: no float copies of a long column)
-        ints = out[C.STEP].to_numpy()
-        bad_int = (ints > MAX_STEP) | (ints < -MAX_STEP)
-        if bad_int.any():
-            worst = int(ints[bad_int][np.argmax(np.abs(ints[bad_int].astype(float)))])
-            raise ImportFormatError(
-                f"{int(bad_int.sum())} row(s) have step values such as {worst:g}, beyond 2**53: "
-                "not optimizer steps (is the step column the right one?)"
-            )
-        return out, _duplicate_note(ints)
-    step = out[C.STEP].to_numpy(dtype=float)
-    bad = ~np.isfinite(step) | (np.abs(step) > MAX_STEP)
+    counted (``canonicalize`` merges them). Also returns whether the steps strictly increase
+    (nothing to merge or sort). Whole-number steps are checked as they are (no float copy of
+    a long column)."""
+    step = out[C.STEP].to_numpy()
+    if step.dtype.kind not in "iu":
+        step = out[C.STEP].to_numpy(dtype=float)
+    whole_numbers = step.dtype.kind in "iu"
+    bad = np.abs(step) > MAX_STEP
+    if not whole_numbers:
+        bad |= ~np.isfinite(step)
     if bad.any():
-        worst = step[bad][np.argmax(np.abs(np.nan_to_num(step[bad], posinf=1e308)))]
+        worse = np.abs(np.nan_to_num(step[bad].astype(float), posinf=1e308))
+        worst = step[bad][np.argmax(worse)]
         raise ImportFormatError(
             f"{int(bad.sum())} row(s) have step values such as {worst:g}, beyond 2**53: not "
             "optimizer steps (is the step column the right one?)"
         )
     notes = []
-    whole = np.floor(step)
-    fractional = int((whole != step).sum())
-    if fractional:
-        example = step[whole != step][0]
-        notes.append(
-            f"{fractional} row(s) had a fractional step (e.g. {example:g}): taken as its whole part"
-        )
-        out = out.assign(**{C.STEP: whole})
-    return out, notes + _duplicate_note(whole)
-
-
-def _duplicate_note(steps: np.ndarray) -> list[str]:
-    """The note on rows that repeat an earlier row's step (none when the steps increase, the
-    usual log; else counted by a sort: a hash table of a million steps costs five times the
-    column)."""
-    if len(steps) < 2 or bool((steps[1:] > steps[:-1]).all()):
-        return []
-    duplicates = len(steps) - len(np.unique(steps))
-    if not duplicates:
-        return []
-    return [
-        f"{duplicates} row(s) repeat the step of an earlier row: merged into it (the last value "
-        "of each column wins)"
-    ]
+    whole = step
+    if not whole_numbers:
+        whole = np.floor(step)
+        fractional = int((whole != step).sum())
+        if fractional:
+            example = step[whole != step][0]
+            notes.append(
+                f"{fractional} row(s) had a fractional step (e.g. {example:g}): taken as its "
+                "whole part"
+            )
+            out = out.assign(**{C.STEP: whole})
+    increasing = len(whole) < 2 or bool((whole[1:] > whole[:-1]).all())
+    if not increasing:
+        # counted by a sort: a hash table of a million steps costs five times the column
+        duplicates = len(whole) - len(np.unique(whole))
+        if duplicates:
+            notes.append(
+                f"{duplicates} row(s) repeat the step of an earlier row: merged into it (the "
+                "last value of each column wins)"
+            )
+    return out, notes, increasing
 
 
 def _mark_codes(

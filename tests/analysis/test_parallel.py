@@ -14,6 +14,7 @@ import textwrap
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lld_monitor.analysis import parallel
@@ -205,7 +206,7 @@ def test_chunks_cover_the_rows_once_in_order():
 
 
 def test_a_triage_worker_replays_in_its_own_process(monkeypatch):
-    monkeypatch.setattr(parallel, "_FORK", [True])
+    monkeypatch.setattr(parallel, "_FORK", True)
     monkeypatch.setattr(parallel, "MIN_ROWS", 100)
     det = PhaseDetector()
     allowed = threading.active_count() == 1 and hasattr(os, "fork")
@@ -213,3 +214,17 @@ def test_a_triage_worker_replays_in_its_own_process(monkeypatch):
         assert parallel.usable(det, 1000, True) != []
     parallel.no_fork()  # (the triage pool's initializer)
     assert parallel.usable(det, 1000, True) == []
+
+
+def test_warm_rows_is_the_warm_flag_signals_keeps_row_by_row():
+    from lld_monitor.analysis.signals import warm_rows
+
+    rng = np.random.default_rng(4)
+    steps = np.cumsum(rng.integers(1, 9, 400))  # irregular logging
+    det = PhaseDetector()
+    flags = []
+    for s in steps.tolist():
+        det.update({"step": s, "reward_mean": 0.5})
+        flags.append(det.signals.warm)
+    assert warm_rows(steps, det.config).tolist() == flags
+    assert 0 < sum(flags) < len(flags)  # (both sides of the warm-up are in the test)
