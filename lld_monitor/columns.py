@@ -106,6 +106,25 @@ INBATCH_COLUMNS: tuple[str, ...] = (
 )
 LLDS_COLUMNS: tuple[str, ...] = (LLDS_ENABLED, LLDS_LAMBDA, LLDS_LOSS, LLDS_FRAC_GATED)
 
+# --- imported only: what other tools log that lld_monitor itself does not write ---------------
+# (docs/importers.md, "The mapping table": which foreign names fill them and what they mean)
+ENTROPY_COEF = "entropy_coef"  # coefficient of an entropy bonus in force (TRL's entropy_coef)
+# mean per-token log-prob under the REFERENCE policy of the preserving (A >= 0) / negative
+# responses (the paper authors' actor/pos_avg_ref_log_prob, ..._neg_...: same dilution as theirs)
+LOGP_REF_CORRECT = "logp_ref_correct"
+LOGP_REF_INCORRECT = "logp_ref_incorrect"
+# lambda x L_LLDS as added to the loss (the authors' actor/loss_noreduce), not the unscaled loss
+LLDS_LOSS_WEIGHTED = "llds_loss_weighted"
+# mean number of actions gated on per preserving response (the authors' actor/mean_reduce_chunk)
+LLDS_ACTIONS_GATED = "llds_actions_gated"
+IMPORTED_COLUMNS: tuple[str, ...] = (
+    ENTROPY_COEF,
+    LOGP_REF_CORRECT,
+    LOGP_REF_INCORRECT,
+    LLDS_LOSS_WEIGHTED,
+    LLDS_ACTIONS_GATED,
+)
+
 #: The LLD-specific columns: what foreign logs usually lack.
 LLD_COLUMNS: tuple[str, ...] = CONFIDENCE_COLUMNS + DISPLACEMENT_COLUMNS
 
@@ -118,6 +137,7 @@ STEP_COLUMNS: tuple[str, ...] = (
     *DISPLACEMENT_COLUMNS,
     *INBATCH_COLUMNS,
     *LLDS_COLUMNS,
+    *IMPORTED_COLUMNS,
 )
 
 # Comma-separated names of the row's columns whose logged value was non-finite (NaN, +-inf).

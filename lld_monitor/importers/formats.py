@@ -28,7 +28,12 @@ from lld_monitor.importers.base import (
     ImportFormatError,
     _one_line,
 )
-from lld_monitor.importers.names import FOREIGN_NAMES, _is_training_key, canonical_name
+from lld_monitor.importers.names import (
+    FOREIGN_NAMES,
+    _is_training_key,
+    authors_note,
+    canonical_name,
+)
 from lld_monitor.importers.notebook import has_outputs, notebook_tables, pick_table
 from lld_monitor.importers.table import _frame, _skipped_lines_note, canonicalize
 from lld_monitor.importers.text import (
@@ -800,9 +805,11 @@ def load_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
     df.attrs["unmapped_columns"] = unmapped
     df.attrs["step_source"] = step_source
     df.attrs["step_note"] = frame.attrs.get("step_note") or _STEP_NOTES.get(step_source, "")
+    authors = authors_note(frame.columns)
     df.attrs["import_notes"] = [
         *frame.attrs.get("import_notes", []),
         *df.attrs.get("import_notes", []),
+        *([authors] if authors else []),
     ]
     df.attrs["source_path"] = str(path)
     # an output folder may hold several logs of the run (TensorBoard events beside TRL's

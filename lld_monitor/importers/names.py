@@ -6,6 +6,7 @@ Every format goes through this table (``canonical_name``); no torch, no pandas.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from lld_monitor import columns as C
 
@@ -15,44 +16,98 @@ from lld_monitor import columns as C
 #: and ``train/<col>``; and ``train/<name>`` maps like ``<name>`` (transformers' W&B and
 #: TensorBoard callbacks prefix training metrics with ``train/``).
 FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
-    C.STEP: ("global_step", "train/global_step", "trainer/global_step", "_step", "Step"),
+    # transformers / W&B; a hosted service's metrics.jsonl numbers its batches progress/batch
+    C.STEP: (
+        "global_step",
+        "train/global_step",
+        "trainer/global_step",
+        "_step",
+        "Step",
+        "progress/batch",
+    ),
     C.TIME: ("_timestamp", "timestamp", "wall_time"),
-    # TRL: reward; verl: critic/score/mean (the task score, before any in-reward KL penalty)
-    C.REWARD_MEAN: ("reward", "critic/score/mean", "critic/rewards/mean"),
-    # TRL's stock accuracy_reward returns 1/0 per completion: its mean is the accuracy
-    C.ACCURACY: ("rewards/accuracy_reward/mean", "rewards/accuracy_reward"),
+    # TRL: reward; verl: critic/score/mean (the task score, before any in-reward KL penalty);
+    # a hosted service's metrics.jsonl (Tinker cookbook): env/all/reward/total
+    C.REWARD_MEAN: ("reward", "critic/score/mean", "critic/rewards/mean", "env/all/reward/total"),
+    # TRL's stock accuracy_reward returns 1/0 per completion: its mean is the accuracy;
+    # env/all/correct: the share of episodes graded correct (Tinker cookbook)
+    C.ACCURACY: ("rewards/accuracy_reward/mean", "rewards/accuracy_reward", "env/all/correct"),
     C.LOSS: ("actor/pg_loss",),
-    C.LEARNING_RATE: ("lr", "actor/lr"),
+    C.LEARNING_RATE: ("lr", "actor/lr", "optim/lr"),
     C.GRAD_NORM: ("actor/grad_norm",),
-    C.ENTROPY: ("actor/entropy", "actor/entropy_loss"),
-    # KL to the reference first (verl's kl_loss), then verl's old-vs-current ppo_kl
-    C.KL: ("actor/kl_loss", "actor/ppo_kl"),
+    # verl's actor/entropy_loss is the mean entropy (not scaled by a coefficient); TRL's
+    # entropy_loss is the entropy bonus term, the mean per-token entropy it acts on
+    C.ENTROPY: ("actor/entropy", "actor/entropy_loss", "optim/entropy", "entropy_loss"),
+    # KL to the reference first (verl's kl_loss), then verl's old-vs-current ppo_kl, then the
+    # sampler-vs-learner KL of a hosted service (Tinker cookbook's optim/kl_sample_train_v1)
+    C.KL: ("actor/kl_loss", "actor/ppo_kl", "optim/kl_sample_train_v1"),
     C.COMPLETION_LENGTH: ("completions/mean_length", "response_length/mean"),
     # TRL: share of completions that hit max_completion_length; verl: of max_response_length
     C.FRAC_TRUNCATED: ("completions/clipped_ratio", "response_length/clip_ratio"),
     C.NUM_SEARCHES: ("tools/call_frequency", "env/number_of_valid_search"),
     C.FRAC_ZERO_STD_GROUPS: ("frac_reward_zero_std",),
-    # the paper authors' verl fork (Search-R1 + LLDS): the lambda in force
-    C.LLDS_LAMBDA: ("actor/loss_noreduce_coef",),
-    # ... and its sampling-policy confidence (AUTHORS_VERL_NAMES: what these mean)
-    C.LOGP_CORRECT: ("actor/pos_avg_old_log_prob",),
-    C.LOGP_INCORRECT: ("actor/neg_avg_old_log_prob",),
+    # the paper authors' verl fork (Search-R1 + LLDS): the lambda in force; a public
+    # reimplementation's actor/lld_coef
+    C.LLDS_LAMBDA: ("actor/loss_noreduce_coef", "loss_noreduce_coef", "actor/lld_coef", "lld_coef"),
+    # the reimplementation's L_LLD before its coefficient (its README: L_total = L_GRPO +
+    # lld_coef * L_LLD), normalised over all valid tokens as the authors' code does
+    C.LLDS_LOSS: ("actor/lld_loss", "lld_loss"),
+    # the reimplementation's share of valid tokens inside an active action gate
+    C.LLDS_FRAC_GATED: ("actor/lld_active_ratio", "lld_active_ratio"),
+    # ... and the authors' sampling-policy confidence (AUTHORS_VERL_NAMES: what these mean)
+    C.LOGP_CORRECT: ("actor/pos_avg_old_log_prob", "pos_avg_old_log_prob"),
+    C.LOGP_INCORRECT: ("actor/neg_avg_old_log_prob", "neg_avg_old_log_prob"),
+    C.LOGP_REF_CORRECT: ("actor/pos_avg_ref_log_prob", "pos_avg_ref_log_prob"),
+    C.LOGP_REF_INCORRECT: ("actor/neg_avg_ref_log_prob", "neg_avg_ref_log_prob"),
+    C.LLDS_LOSS_WEIGHTED: ("actor/loss_noreduce", "loss_noreduce"),
+    C.LLDS_ACTIONS_GATED: ("actor/mean_reduce_chunk", "mean_reduce_chunk"),
 }
 
 #: The paper authors' verl fork (``dp_actor.py``): metric -> what it is and how it is imported.
-#: ``pos/neg_avg_old_log_prob`` are ``masked_mean(old_log_prob * (A > 0 | A < 0), response_mask)``:
-#: the group's log-prob sum over ALL response tokens of the batch, so the level is the per-token
-#: mean times the group's share of tokens; the trend carries over (the detector reads trends).
-#: Our own ``actor/lld/logp_*`` win when both are logged. The others have no canonical column.
+#: ``pos/neg_avg_old_log_prob`` are ``masked_mean(old_log_prob * (A >= 0 | A < 0),
+#: response_mask)``: the group's log-prob sum over ALL response tokens of the micro-batch, so the
+#: level is the per-token mean times the group's share of tokens; the trend carries over (the
+#: detector reads trends). "pos" is A >= 0: it includes the groups whose samples all got the same
+#: reward (A = 0), all-wrong groups too. Each is set with ``metrics[...] =`` per micro-batch, so a
+#: step holds rank 0's LAST micro-batch only. Our own ``actor/lld/logp_*`` win when both are logged.
 AUTHORS_VERL_NAMES: dict[str, str] = {
-    "actor/pos_avg_old_log_prob": C.LOGP_CORRECT + " (level scaled by the A>0 token share)",
-    "actor/neg_avg_old_log_prob": C.LOGP_INCORRECT + " (level scaled by the A<0 token share)",
-    "actor/pos_avg_ref_log_prob": "not imported (reference policy, not the sampling policy)",
-    "actor/neg_avg_ref_log_prob": "not imported (reference policy, not the sampling policy)",
+    "actor/pos_avg_old_log_prob": C.LOGP_CORRECT
+    + " (A >= 0 incl. zero-advantage groups; level scaled by their token share; last micro-batch)",
+    "actor/neg_avg_old_log_prob": C.LOGP_INCORRECT
+    + " (A < 0; level scaled by their token share; last micro-batch)",
+    "actor/pos_avg_ref_log_prob": C.LOGP_REF_CORRECT
+    + " (reference policy, not the sampling policy; same scaling)",
+    "actor/neg_avg_ref_log_prob": C.LOGP_REF_INCORRECT
+    + " (reference policy, not the sampling policy; same scaling)",
+    "actor/loss_noreduce": C.LLDS_LOSS_WEIGHTED
+    + " (lambda x the penalty as added to the loss, token mean over all response tokens)",
+    "actor/loss_noreduce_coef": C.LLDS_LAMBDA,
+    "actor/mean_reduce_chunk": C.LLDS_ACTIONS_GATED
+    + " (mean gated actions per A >= 0 response; logged with chunk_noreduce only)",
     "actor/lowest_prob_avg_mean": "not imported (no canonical column)",
     "actor/lowest_prob_avg_min": "not imported (no canonical column)",
-    "actor/loss_noreduce_coef": C.LLDS_LAMBDA,
 }
+
+#: The authors' names whose presence marks a log as made with their code (``authors_note``).
+_AUTHORS_MARKERS = frozenset(
+    {"actor/pos_avg_old_log_prob", "actor/loss_noreduce", "actor/loss_noreduce_coef"}
+)
+
+
+def authors_note(sources: Iterable[str]) -> str | None:
+    """A sentence on what a log made with the paper authors' verl fork supports, when its
+    column names (``sources``) say it is one; else None."""
+    names = {str(s).strip() for s in sources}
+    if not names & _AUTHORS_MARKERS:
+        return None
+    return (
+        "read as the paper authors' verl fork: logp_correct / logp_incorrect are their "
+        "pos/neg_avg_old_log_prob (pos = advantage >= 0, zero-advantage groups included; rank "
+        "0's last micro-batch of the step; level diluted by the token share, the trend is read); "
+        "no per-response displacement (delta_*, frac_correct_displaced): the displacement "
+        "alerts cannot be raised, stagnation and decay come from the confidence trend"
+    )
+
 
 _NON_TRAINING = frozenset({C.STEP, C.TIME, C.LEARNING_RATE})
 

@@ -312,11 +312,15 @@ def test_mapping_names():
     assert canonical_name("train/reward") == C.REWARD_MEAN
     assert canonical_name("eval/reward") is None
     # the authors' verl fork: lambda maps; their token-diluted pos/neg log-probs map for their
-    # trend (tests/importers/test_verl_authors_names.py); the reference-policy ones do not
+    # trend (tests/importers/test_verl_authors_names.py); the reference-policy ones and the
+    # lambda-weighted penalty to columns of their own
     assert canonical_name("actor/loss_noreduce_coef") == C.LLDS_LAMBDA
     assert canonical_name("actor/pos_avg_old_log_prob") == C.LOGP_CORRECT
-    assert canonical_name("actor/pos_avg_ref_log_prob") is None
-    assert canonical_name("actor/loss_noreduce") is None
+    assert canonical_name("actor/pos_avg_ref_log_prob") == C.LOGP_REF_CORRECT
+    assert canonical_name("actor/neg_avg_ref_log_prob") == C.LOGP_REF_INCORRECT
+    assert canonical_name("actor/loss_noreduce") == C.LLDS_LOSS_WEIGHTED
+    assert canonical_name("actor/mean_reduce_chunk") == C.LLDS_ACTIONS_GATED
+    assert canonical_name("actor/lowest_prob_avg_mean") is None
     assert canonical_name("epoch") is None
     for col in C.STEP_COLUMNS:
         assert canonical_name(col) == col

@@ -52,8 +52,12 @@ def test_authors_names_map_to_the_lld_columns(tmp_path):
     # np.float64(...) as verl's pprint writes numpy scalars
     assert df[C.LOGP_INCORRECT].iloc[9] == pytest.approx(-0.21)
     assert set(df[C.LLDS_LAMBDA]) == {0.2}
-    for name in ("actor/lowest_prob_avg_mean", "actor/pos_avg_ref_log_prob"):
-        assert name in df.attrs["unmapped_columns"]
+    assert "actor/lowest_prob_avg_mean" in df.attrs["unmapped_columns"]
+    assert set(df[C.LOGP_REF_CORRECT]) == {-0.11}
+    assert set(df[C.LOGP_REF_INCORRECT]) == {-0.21}
+    # the log says what it can and cannot support
+    (note,) = [n for n in df.attrs["import_notes"] if "authors' verl fork" in n]
+    assert "zero-advantage groups included" in note and "no per-response displacement" in note
     # the table says where each name goes
     for name, what in AUTHORS_VERL_NAMES.items():
         col = canonical_name(name)
