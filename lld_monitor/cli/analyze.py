@@ -33,8 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--run",
         metavar="N",
         default=None,
-        help="a notebook with several training tables (an SFT warm-up, then GRPO): the number "
-        "of the table to read, as the analysis lists them (default: the last with a reward)",
+        help="one run of a file that holds several: a log with runs appended one after another "
+        "(1 = the first in the file; analysing the file lists them), a W&B export's run by name, "
+        "or a notebook's training table by number (default there: the last with a reward)",
     )
     parser.add_argument(
         "--html", metavar="OUT", help="write a self-contained HTML report (plotly) to OUT"

@@ -17,8 +17,10 @@ from lld_monitor.importers.formats import (
     REGISTRY,
     detect,
     detect_format,
+    load_eval_table,
     load_table,
     reader,
+    runs_in_file,
 )
 from lld_monitor.importers.names import AUTHORS_VERL_NAMES, FOREIGN_NAMES, canonical_name
 from lld_monitor.importers.table import MAX_STEP, canonicalize
@@ -40,7 +42,9 @@ __all__ = [
     "console_steps",
     "detect",
     "detect_format",
+    "load_eval_table",
     "load_table",
     "parse_verl_console",
     "reader",
+    "runs_in_file",
 ]

@@ -196,9 +196,22 @@ class Format:
 
     name: ClassVar[str]
     description: ClassVar[str]
+    #: A log that runs are appended to (a console log, a JSONL metrics file): ``read_runs`` cuts
+    #: it where the step counter restarts (``parts.run_bounds``).
+    appendable: ClassVar[bool] = False
 
     def sniff(self, head: Head) -> bool:
         return False
 
     def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
         raise NotImplementedError
+
+    def read_runs(self, path: Path, head: Head | None = None) -> list[tuple[pd.DataFrame, str]]:
+        """The runs the file holds, in file order, each as ``read`` gives one: one run unless
+        the format is ``appendable`` and its step counter restarts."""
+        frame, source = self.read(path, head)
+        if not self.appendable:
+            return [(frame, source)]
+        from lld_monitor.importers.parts import split_runs
+
+        return [(part, source) for part in split_runs(frame)]

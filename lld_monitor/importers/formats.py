@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,16 +30,27 @@ from lld_monitor.importers.base import (
     _one_line,
 )
 from lld_monitor.importers.names import (
+    _LOOKUP,
     FOREIGN_NAMES,
     _is_training_key,
     authors_note,
     canonical_name,
 )
 from lld_monitor.importers.notebook import has_outputs, notebook_tables, pick_table
+from lld_monitor.importers.parts import (
+    EVAL_TYPES,
+    describe_runs,
+    is_eval_name,
+    run_bounds,
+    split_eval,
+)
+from lld_monitor.importers.plain import parse_plain, sniff_plain
 from lld_monitor.importers.table import _frame, _skipped_lines_note, canonicalize
 from lld_monitor.importers.text import (
     _ANSI_RE,
     _VERL_LINE_RE,
+    _as_float,
+    _bar_steps,
     _find_printed_dicts,
     _is_summary,
     _printed_dicts_at,
@@ -229,8 +241,51 @@ def _full(path: Path, head: Head | None) -> Head:
     return head if head is not None and head.complete else Head(path, complete=True)
 
 
-def _read_records(records: Sequence[Mapping[str, Any]]) -> tuple[pd.DataFrame, str]:
-    frame = _frame(records)
+#: Fields that say what kind of record a JSON line is (``{"type": "train", ...}`` next to
+#: ``{"type": "eval", ...}``); a record of an evaluation kind (``parts.EVAL_TYPES``) is kept apart.
+_RECORD_KIND_KEYS = ("type", "split", "mode")
+
+
+def _flat(rec: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
+    for k, v in rec.items():
+        if type(v) is dict:
+            _flat(v, f"{prefix}{k}/", out)
+        else:
+            out[f"{prefix}{k}"] = v
+
+
+def _metric_record(rec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """One JSON record as a flat metric row: nested objects joined with "/" (``{"env": {"all":
+    {"reward": ...}}}`` -> ``env/all/reward``); a typed record of an evaluation kind has its
+    metrics renamed ``eval/<key>`` (its step and time kept) so that they stay apart."""
+    kinds = [k for k in _RECORD_KIND_KEYS if k in rec and isinstance(rec[k], str)]
+    if not kinds and not any(type(v) is dict for v in rec.values()):  # (json gives dicts)
+        return rec
+    flat: dict[str, Any] = {}
+    _flat(rec, "", flat)
+    if not kinds:
+        return flat
+    kind = str(rec[kinds[0]]).strip().lower()
+    for k in kinds:
+        flat.pop(k, None)
+    if kind not in EVAL_TYPES:
+        return flat
+    keep = {C.STEP, C.TIME}
+    return {
+        (k if (_LOOKUP.get(k, ("",))[0] in keep or is_eval_name(k)) else f"eval/{k}"): v
+        for k, v in flat.items()
+    }
+
+
+def _read_records(
+    records: Sequence[Mapping[str, Any]], text: str | None = None
+) -> tuple[pd.DataFrame, str]:
+    """``text``: the file's text, when the records are all of it: a file with one ``{`` per
+    record and no kind field needs no record looked at (a long flat JSONL)."""
+    plain = text is not None and (
+        text.count("{") == len(records) and not any(f'"{k}"' in text for k in _RECORD_KIND_KEYS)
+    )
+    frame = _frame(records if plain else [_metric_record(r) for r in records])
     frame.attrs["import_notes"] = _skipped_lines_note(records)
     return frame, _step_source(frame)
 
@@ -245,6 +300,43 @@ def _read_printed(text: str) -> tuple[pd.DataFrame, str]:
     frame = _frame(rows)
     frame.attrs["step_note"] = how
     return frame, source
+
+
+def _read_printed_runs(text: str) -> list[tuple[pd.DataFrame, str]]:
+    """The runs of a console log of printed TRL dicts, each with its own steps (``console_steps``
+    on its own stretch of the text). A new run starts where the progress bar's count (else the
+    dicts' epoch) goes back to the run's beginning (``parts.run_bounds``); a log with neither
+    is cut after each end-of-training summary dict (``train_runtime``) that training dicts
+    follow."""
+    training: list[tuple[int, dict[str, Any]]] = []
+    cuts: set[int] = set()
+    finished = False
+    for pos, d in _printed_dicts_at(text):
+        if _is_summary(d):
+            finished = finished or "train_runtime" in d
+            continue
+        if not any(map(_is_training_key, d)):
+            continue
+        if finished and training:
+            cuts.add(len(training))
+        finished = False
+        training.append((pos, d))
+    counters: list[float | None] = list(_bar_steps(text, [pos for pos, _ in training], None))
+    if any(c is None for c in counters):
+        counters = [_as_float(d.get("epoch")) for _, d in training]
+    if training and all(c is not None for c in counters):  # (a resumed run's counter goes on)
+        cuts = set(run_bounds([float(c) for c in counters if c is not None]))
+    edges = [0, *sorted(cuts), len(training)]
+    out: list[tuple[pd.DataFrame, str]] = []
+    for a, b in itertools.pairwise(edges):
+        start = training[a - 1][0] + 1 if a > 0 else 0
+        end = training[b][0] if b < len(training) else len(text)
+        seg = [(pos - start, d) for pos, d in training[a:b]]
+        steps, source, how = console_steps(text[start:end], seg)
+        frame = _frame([{**d, C.STEP: step} for (_, d), step in zip(seg, steps)])
+        frame.attrs["step_note"] = how
+        out.append((frame, source))
+    return out or [(_frame([]), "row_order")]
 
 
 # --- the formats, in the order they are tried ---------------------------------------------------
@@ -445,6 +537,7 @@ class WandbRun(Format):
 class VerlJsonl(Format):
     name = "verl_jsonl"
     description = 'a verl file-logger JSONL ({"step": ..., "data": {...}} per line)'
+    appendable = True
 
     def sniff(self, head: Head) -> bool:
         if not head.complete:
@@ -466,17 +559,19 @@ class LogHistory(Format):
     description = "a JSON list of log_history-style metric dicts"
 
     def sniff(self, head: Head) -> bool:
-        if not head.complete:
-            return head.text[:1] == "["
+        if not head.complete:  # (a JSON list of objects; not a "[INFO] ..." console line)
+            return head.text[:1] == "[" and head.text[1:].lstrip()[:1] in ("{", "]")
         return head.doc_records is not None and head.stripped.startswith("[")
 
     def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
-        return _read_records(_full(path, head).records or [])
+        full = _full(path, head)
+        return _read_records(full.records or [], full.stripped)
 
 
 class Jsonl(Format):
     name = "jsonl"
     description = "a JSONL table with canonical column names"
+    appendable = True
 
     def sniff(self, head: Head) -> bool:
         if not head.complete:
@@ -484,12 +579,14 @@ class Jsonl(Format):
         return head.records is not None
 
     def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
-        return _read_records(_full(path, head).records or [])
+        full = _full(path, head)
+        return _read_records(full.records or [], full.stripped)
 
 
 class VerlConsole(Format):
     name = "verl_console"
     description = "a verl console log (step:N - actor/grad_norm:... lines)"
+    appendable = True
 
     def sniff(self, head: Head) -> bool:
         text = head.text
@@ -502,6 +599,7 @@ class VerlConsole(Format):
 class TrlConsole(Format):
     name = "trl_console"
     description = "a console log or terminal capture with TRL's printed metric dicts"
+    appendable = True
 
     def sniff(self, head: Head) -> bool:
         return bool(_find_printed_dicts(head.text))
@@ -511,6 +609,26 @@ class TrlConsole(Format):
 
     def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
         return _read_printed(self.text(_full(path, head)))
+
+    def read_runs(self, path: Path, head: Head | None = None) -> list[tuple[pd.DataFrame, str]]:
+        return _read_printed_runs(self.text(_full(path, head)))
+
+
+class PlainConsole(Format):
+    name = "plain_console"
+    description = (
+        "a plain training-loop log (step 10 | loss 0.12 | reward 0.45 | acc 0.40 lines, "
+        "printed reward tensors)"
+    )
+    appendable = True
+
+    def sniff(self, head: Head) -> bool:
+        return sniff_plain(head.text)
+
+    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+        rows = parse_plain(_full(path, head).text)
+        frame = _frame(rows)
+        return frame, "logged" if C.STEP in frame.columns else "row_order"
 
 
 class WandbCsv(Format):
@@ -575,16 +693,26 @@ def panel_runs(columns: Any) -> list[str]:
 
 
 def runs_in_file(path: Path) -> list[str]:
-    """The runs a single file holds when it holds several (a W&B panel export), else []: from
-    the header line alone (the file is read whole only once, by ``load_table``)."""
+    """The runs a single file holds when it holds several, else []: a W&B panel export's run
+    names (from the header line alone), or "1", "2", ... for the runs appended to a log whose
+    step counter restarts (the log is parsed once: ``load_table`` of one of its runs reuses it)."""
     try:
         fmt, head = detect(path, complete=False)
     except ImportFormatError:
         return []
-    if not isinstance(fmt, WandbCsv) or head is None:
+    if head is None:
         return []
-    names = panel_runs(_csv_header(head.first_line) or [])
-    return names if len(names) > 1 else []
+    if isinstance(fmt, WandbCsv):
+        names = panel_runs(_csv_header(head.first_line) or [])
+        return names if len(names) > 1 else []
+    try:
+        if not fmt.appendable and path.stat().st_size > SNIFF_BYTES:
+            return []
+        fmt, head = detect(path)  # (as load_table detects it: the whole file)
+        runs = _runs_of(path, fmt, head) if fmt.appendable else []
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [str(i) for i in range(1, len(runs) + 1)] if len(runs) > 1 else []
 
 
 class Csv(Format):
@@ -615,6 +743,7 @@ REGISTRY: tuple[Format, ...] = (
     Jsonl(),
     VerlConsole(),
     TrlConsole(),
+    PlainConsole(),
     WandbCsv(),
     Csv(),
 )
@@ -634,6 +763,7 @@ _SNIFF_ORDER: tuple[str, ...] = (
     "csv",
     "verl_console",
     "trl_console",
+    "plain_console",
 )
 
 #: format name -> what it is (the names ``detect_format`` returns).
@@ -779,14 +909,16 @@ def load_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
     """
     path = Path(path)
     fmt, head = detect(path)
-    if run is not None and not isinstance(fmt, (NotebookLog, WandbCsv)):
+    if run is not None and not isinstance(fmt, (NotebookLog, WandbCsv)) and not fmt.appendable:
         raise ImportFormatError(
-            f"{path}: --run picks one training table of a notebook, or one run of a W&B "
-            f"export, that holds several; this file is {fmt.description}, one run"
+            f"{path}: --run picks one training table of a notebook, one run of a W&B export, "
+            f"or one of the runs appended to a log; this file is {fmt.description}, one run"
         )
     try:
         if isinstance(fmt, (NotebookLog, WandbCsv)):
             frame, step_source = fmt.read(path, head, run=run)
+        elif fmt.appendable:
+            frame, step_source = _pick_run(path, _runs_of(path, fmt, head), run)
         else:
             frame, step_source = fmt.read(path, head)
     except ImportFormatError:
@@ -795,7 +927,14 @@ def load_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
         raise ImportFormatError(
             f"{path}: looked like {fmt.description} but could not be read ({_one_line(exc)})"
         ) from exc
+    frame, evals = split_eval(frame)
     df, unmapped = canonicalize(frame)
+    if df.empty and evals is not None and len(evals):
+        names = ", ".join(str(c) for c in list(evals.columns)[:5] if c != C.STEP)
+        raise ImportFormatError(
+            f"{path}: read as {fmt.description} but found no training rows: it holds only "
+            f"evaluation rows ({len(evals)}: {names}), kept apart from training by design"
+        )
     if df.empty:
         raise ImportFormatError(
             f"{path}: read as {fmt.description} but found no training rows with a known metric "
@@ -811,11 +950,94 @@ def load_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
         *df.attrs.get("import_notes", []),
         *([authors] if authors else []),
     ]
+    if evals is not None and len(evals):
+        names = [c for c in evals.columns if c != C.STEP]
+        shown = ", ".join(names[:4]) + (f", ... ({len(names)} columns)" if len(names) > 4 else "")
+        df.attrs["import_notes"].append(
+            f"{len(evals)} evaluation row(s) kept apart ({shown}): not analysed, not drawn as "
+            "training metrics (importers.load_eval_table reads them)"
+        )
+    df.attrs["eval_rows"] = 0 if evals is None else len(evals)
     df.attrs["source_path"] = str(path)
     # an output folder may hold several logs of the run (TensorBoard events beside TRL's
     # trainer_state.json, a wandb/ folder): say which one was read and what else is there
     df.attrs["other_sources"] = other_sources(path, fmt.name)
     return df
+
+
+def load_eval_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
+    """The evaluation rows that ``load_table`` keeps apart from the training rows: ``step`` and
+    the evaluation columns under their logged names (``eval/accuracy``, ``eval_loss``,
+    ``val-core/...``, ``test/env/all/reward/total``; a typed record of type eval gives
+    ``eval/<key>``), sorted by step. Empty (only a ``step`` column) when the log has none."""
+    path = Path(path)
+    fmt, head = detect(path)
+    if isinstance(fmt, (NotebookLog, WandbCsv)):
+        frame, _ = fmt.read(path, head, run=run)
+    elif fmt.appendable:
+        frame, _ = _pick_run(path, _runs_of(path, fmt, head), run)
+    else:
+        frame, _ = fmt.read(path, head)
+    _, evals = split_eval(frame)
+    if evals is None or C.STEP not in evals.columns:
+        return pd.DataFrame(columns=[C.STEP])
+    out = evals.apply(pd.to_numeric, errors="coerce")
+    out = out[out[C.STEP].notna()].sort_values(C.STEP, kind="stable").reset_index(drop=True)
+    return out
+
+
+#: (path, mtime_ns, size, format) -> the runs of an appendable log, for the last few read:
+#: listing a file's runs and reading one of them parse it once.
+_RUNS_CACHE: dict[tuple[str, int, int, str], list[tuple[pd.DataFrame, str]]] = {}
+_RUNS_CACHE_SIZE = 4
+_RUNS_CACHE_MAX_BYTES = 64 << 20
+
+
+def _runs_of(path: Path, fmt: Format, head: Head | None) -> list[tuple[pd.DataFrame, str]]:
+    try:
+        st = path.stat()
+        key = (str(path), st.st_mtime_ns, st.st_size, fmt.name)
+    except OSError:
+        key = None
+    if key is not None and key in _RUNS_CACHE:
+        return _RUNS_CACHE[key]
+    runs = fmt.read_runs(path, head)
+    if key is not None and key[2] <= _RUNS_CACHE_MAX_BYTES:
+        while len(_RUNS_CACHE) >= _RUNS_CACHE_SIZE:
+            _RUNS_CACHE.pop(next(iter(_RUNS_CACHE)))
+        _RUNS_CACHE[key] = runs
+    return runs
+
+
+def _pick_run(
+    path: Path, runs: list[tuple[pd.DataFrame, str]], run: str | None
+) -> tuple[pd.DataFrame, str]:
+    """One run of a log that holds ``runs``: ``run`` (its number, 1 = the first in the file),
+    else the latest; a note says which and names the others."""
+    if len(runs) == 1 and run in (None, "1"):
+        return runs[0]
+    labels = describe_runs([f for f, _ in runs])
+    if run is None:
+        index = len(runs) - 1
+    else:
+        text = str(run).strip()
+        if not text.isdigit() or not 1 <= int(text) <= len(runs):
+            raise ImportFormatError(
+                f"{path}: --run {run!r}: this log holds {len(runs)} run(s): " + "; ".join(labels)
+            )
+        index = int(text) - 1
+    frame, source = runs[index]
+    frame = frame.copy(deep=False)
+    frame.attrs = dict(runs[index][0].attrs)
+    others = [lab for i, lab in enumerate(labels) if i != index]
+    how = "as asked" if run is not None else "the latest"
+    frame.attrs["import_notes"] = [
+        *frame.attrs.get("import_notes", []),
+        f"a log of {len(runs)} runs appended one after another (the step counter restarts): "
+        f"read {labels[index]}, {how}; also there: {'; '.join(others)} (pick one with --run N; "
+        "analysing the file lists them all)",
+    ]
+    return frame, source
 
 
 #: ``step_source`` -> how the steps were found, for tables (console logs say more).

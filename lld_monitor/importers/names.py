@@ -28,20 +28,34 @@ FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
     C.TIME: ("_timestamp", "timestamp", "wall_time"),
     # TRL: reward; verl: critic/score/mean (the task score, before any in-reward KL penalty);
     # a hosted service's metrics.jsonl (Tinker cookbook): env/all/reward/total
-    C.REWARD_MEAN: ("reward", "critic/score/mean", "critic/rewards/mean", "env/all/reward/total"),
+    # hand-written loops print avg_reward / mean_reward
+    C.REWARD_MEAN: (
+        "reward",
+        "critic/score/mean",
+        "critic/rewards/mean",
+        "env/all/reward/total",
+        "avg_reward",
+        "mean_reward",
+    ),
     # TRL's stock accuracy_reward returns 1/0 per completion: its mean is the accuracy;
     # env/all/correct: the share of episodes graded correct (Tinker cookbook)
-    C.ACCURACY: ("rewards/accuracy_reward/mean", "rewards/accuracy_reward", "env/all/correct"),
+    # acc: what hand-written loops print
+    C.ACCURACY: (
+        "rewards/accuracy_reward/mean",
+        "rewards/accuracy_reward",
+        "env/all/correct",
+        "acc",
+    ),
     C.LOSS: ("actor/pg_loss",),
     C.LEARNING_RATE: ("lr", "actor/lr", "optim/lr"),
-    C.GRAD_NORM: ("actor/grad_norm",),
+    C.GRAD_NORM: ("actor/grad_norm", "gnorm"),
     # verl's actor/entropy_loss is the mean entropy (not scaled by a coefficient); TRL's
     # entropy_loss is the entropy bonus term, the mean per-token entropy it acts on
     C.ENTROPY: ("actor/entropy", "actor/entropy_loss", "optim/entropy", "entropy_loss"),
     # KL to the reference first (verl's kl_loss), then verl's old-vs-current ppo_kl, then the
     # sampler-vs-learner KL of a hosted service (Tinker cookbook's optim/kl_sample_train_v1)
     C.KL: ("actor/kl_loss", "actor/ppo_kl", "optim/kl_sample_train_v1"),
-    C.COMPLETION_LENGTH: ("completions/mean_length", "response_length/mean"),
+    C.COMPLETION_LENGTH: ("completions/mean_length", "response_length/mean", "response_length"),
     # TRL: share of completions that hit max_completion_length; verl: of max_response_length
     C.FRAC_TRUNCATED: ("completions/clipped_ratio", "response_length/clip_ratio"),
     C.NUM_SEARCHES: ("tools/call_frequency", "env/number_of_valid_search"),

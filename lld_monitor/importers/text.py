@@ -6,11 +6,14 @@ No torch, no pandas: strings in, dicts and step numbers out.
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from lld_monitor import columns as C
 from lld_monitor.importers.names import _LOOKUP
@@ -129,12 +132,13 @@ def console_steps(
     ``step_source``, a sentence saying how). Tried in order: the tqdm progress bar of training
     (the bar with the most common total; bars of checkpoint loading are ignored), the dicts'
     ``epoch`` times steps per epoch, ``logging_steps`` from a configuration line, row numbers.
-    A source is used only when it gives every dict a step and the steps strictly increase.
+    A source is used only when it gives every dict a step and the steps strictly increase (the
+    progress bar may also go back to a checkpoint of the run: a resume).
     """
     n = len(training)
     total = _training_bar_total(text, [pos for pos, _ in training])
     bars = _bar_steps(text, [pos for pos, _ in training], total)
-    if n and _increasing(bars):
+    if n and (_increasing(bars) or _resumed(bars)):
         return (
             [int(b) for b in bars],
             "progress_bar",
@@ -164,10 +168,31 @@ def console_steps(
     return list(range(1, n + 1)), "row_order", f"step: {CONSOLE_STEP_SOURCES['row_order']}"
 
 
+def _resumed(steps: Sequence[int | None]) -> bool:
+    """Every step known, and where they go back, back to a checkpoint of the run (a resume:
+    ``parts.run_bounds`` finds no restart); the repeated steps are merged, the last wins."""
+    from lld_monitor.importers.parts import run_bounds
+
+    known = [s for s in steps if s is not None]
+    return len(known) == len(steps) and not run_bounds([float(s) for s in known])
+
+
 def _increasing(steps: Sequence[int | None]) -> bool:
     """Every step known and strictly increasing."""
     known = [s for s in steps if s is not None]
     return len(known) == len(steps) and all(b > a for a, b in itertools.pairwise(known))
+
+
+@functools.lru_cache(maxsize=2)
+def _bars(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every progress bar ``N/TOTAL [`` of ``text``: (offsets, N, TOTAL), in text order (read
+    once per text: the runs' counters and each run's steps look at the same bars)."""
+    found = [(m.start(), int(m.group(1)), int(m.group(2))) for m in _BAR_RE.finditer(text)]
+    if not found:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    arr = np.asarray(found, dtype=np.int64)
+    return arr[:, 0], arr[:, 1], arr[:, 2]
 
 
 def _training_bar_total(text: str, positions: Sequence[int]) -> int | None:
@@ -175,35 +200,42 @@ def _training_bar_total(text: str, positions: Sequence[int]) -> int | None:
     precede a metric dict (checkpoint-loading bars such as ``2/2 [`` precede none or few)."""
     if not positions:
         return None
-    counts: dict[int, int] = {}
-    prev = 0
-    for pos in positions:
-        last = None
-        for m in _BAR_RE.finditer(text, prev, pos):
-            last = m
-        if last is not None:
-            t = int(last.group(2))
-            counts[t] = counts.get(t, 0) + 1
-        prev = pos
-    if not counts:
+    starts, _, totals = _bars(text)
+    pos = np.asarray(positions, dtype=np.int64)
+    last = np.searchsorted(starts, pos, side="left") - 1  # the last bar before each dict ...
+    prev = np.concatenate(([0], pos[:-1]))
+    ok = last >= 0
+    ok[ok] = starts[last[ok]] >= prev[ok]  # ... since the dict before it
+    if not ok.any():
         return None
-    return max(counts, key=lambda t: (counts[t], t))
+    values, counts = np.unique(totals[last[ok]], return_counts=True)
+    best = max(zip(counts.tolist(), values.tolist()))
+    return int(best[1])
 
 
 def _bar_steps(text: str, positions: Sequence[int], total: int | None) -> list[int | None]:
-    """For each offset, N of the last progress bar ``N/TOTAL [`` before it (any total if None)."""
+    """For each offset, N of the last progress bar ``N/TOTAL [`` before it (any total if None).
+
+    tqdm redraws its bar only every so often (0.1 s, or every few updates after a jump such as
+    a resumed run's): a bar that did not redraw between two dicts would give both the same
+    step. The bar that ``tqdm.write`` redraws right after a dict shows the count at that dict,
+    so for such a repeat that bar is taken when it is further on."""
+    if not len(positions):
+        return []
+    starts, ns, totals = _bars(text)
+    if total is not None:
+        keep = totals == total
+        starts, ns = starts[keep], ns[keep]
+    k = np.searchsorted(starts, np.asarray(positions, dtype=np.int64), side="left").tolist()
+    starts_l, ns_l = starts.tolist(), ns.tolist()
     out: list[int | None] = []
-    if not positions:
-        return out
-    bars = _BAR_RE.finditer(text, 0, positions[-1])
-    bar = next(bars, None)
-    last: int | None = None
-    for pos in positions:
-        while bar is not None and bar.start() < pos:
-            if total is None or int(bar.group(2)) == total:
-                last = int(bar.group(1))
-            bar = next(bars, None)
-        out.append(last)
+    for i, ki in enumerate(k):
+        step = ns_l[ki - 1] if ki > 0 else None
+        if step is not None and out and out[-1] == step and ki < len(starts_l):
+            nxt = positions[i + 1] if i + 1 < len(positions) else len(text)
+            if starts_l[ki] < nxt and ns_l[ki] > step:
+                step = ns_l[ki]  # (the redraw after this dict)
+        out.append(step)
     return out
 
 

@@ -314,6 +314,36 @@ def test_foreign_log_is_listed_and_shown(tmp_path: Path, monkeypatch: pytest.Mon
     assert "4 rows, last step 4" in all_text(at)
 
 
+def test_runs_appended_to_one_log_are_listed_and_shown_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # three verl runs printed into one console log: three runs in the picker, each its own rows
+    lines = []
+    for run in (1, 2, 3):
+        lines.append(f"(TaskRunner pid={run}) Training Progress:   0%|          | 0/30")
+        lines += [
+            f"(TaskRunner pid={run}) step:{s} - critic/score/mean:{0.1 * run + 0.001 * s:.3f} - "
+            f"actor/grad_norm:{0.5 + 0.01 * s:.2f}"
+            for s in range(1, 11 + run)
+        ]
+    (tmp_path / "runs.log").write_text("\n".join(lines) + "\n")
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    assert sorted(option_names(at)) == ["runs.log [1]", "runs.log [2]", "runs.log [3]"]
+    at.multiselect[0].set_value(["runs.log [2]"]).run()
+    assert not at.exception
+    assert "12 rows, last step 12" in all_text(at)
+    spec = chart_spec(at)
+    reward = next(d for d in spec["data"] if d.get("name") == f"runs.log [2] · {C.REWARD_MEAN}")
+    assert arr(reward["x"]).tolist() == [float(s) for s in range(1, 13)]
+    ys = arr(reward["y"])  # (smoothed for the eye): run 2's values, 0.201-0.212, only
+    assert ys.min() >= 0.201 - 1e-9 and ys.max() <= 0.212 + 1e-9
+    # and the file named alone on the command line: the same three runs
+    at2 = make_app(monkeypatch, tmp_path / "runs.log").run()
+    assert not at2.exception
+    assert sorted(option_names(at2)) == ["runs.log [1]", "runs.log [2]", "runs.log [3]"]
+
+
 def test_garbage_file_named_as_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     junk = tmp_path / "junk.csv"
     junk.write_text("a,b\nx,y\n")

@@ -21,6 +21,7 @@ from lld_monitor.importers import (
     ImportFormatError,
     canonical_name,
     detect_format,
+    load_eval_table,
     load_table,
     parse_verl_console,
 )
@@ -129,8 +130,14 @@ def test_trl_trainer_state_keeps_training_rows_and_maps_names():
     _close(_col(df, C.REWARD_FN_PREFIX + "accuracy_reward"), [0.35, 0.55])
     _close(_col(df, C.REWARD_FN_PREFIX + "format_reward"), [0.05, 0.05])
     unmapped = df.attrs["unmapped_columns"]
-    assert "epoch" in unmapped and "eval_reward" in unmapped and "train_runtime" in unmapped
+    assert "epoch" in unmapped and "train_runtime" in unmapped
     assert not any(name.startswith("rewards/") for name in unmapped)
+    # the eval row is kept apart, never read as training: its reward 0.1 is not step 20's
+    assert df.attrs["eval_rows"] == 1 and "eval_reward" not in unmapped
+    assert any("1 evaluation row(s) kept apart" in n for n in df.attrs["import_notes"])
+    ev = load_eval_table(FIX / "trainer_state.json")
+    assert list(ev[C.STEP]) == [20]
+    assert ev["eval_reward"].tolist() == [0.1] and ev["eval_loss"].tolist() == [0.5]
 
 
 def test_log_history_list_with_string_nan():
@@ -206,7 +213,7 @@ def test_wandb_history_prefers_global_step_and_drops_eval_rows():
     _close(_col(df, C.GRAD_NORM), [0.35, 0.45, 0.55])  # train/grad_norm
     _close(_col(df, C.COMPLETION_LENGTH), [100.0, 110.0, 120.0])  # train/completions/mean_length
     _close(_col(df, C.TIME), [1700000100.5, 1700000110.5, 1700000120.5])  # _timestamp
-    assert "eval/reward" in df.attrs["unmapped_columns"]
+    assert "eval/reward" not in df.attrs["unmapped_columns"] and df.attrs["eval_rows"] == 1
 
 
 def test_wandb_panel_export():

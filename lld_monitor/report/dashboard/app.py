@@ -87,7 +87,7 @@ def get_scope(args: sources.AppArgs) -> sources.Scope:
 def get_live(target: sources.Target) -> sources.LiveRun:
     """The session's follower of ``target`` (created on first use, kept across reruns)."""
     runs: dict[str, sources.LiveRun] = st.session_state.setdefault("lld_live", {})
-    key = f"{target.kind}:{target.path}"
+    key = f"{target.kind}:{target.key}"
     if key not in runs:
         runs[key] = sources.LiveRun(target)
     return runs[key]

@@ -75,6 +75,12 @@ class Target:
     path: Path  # resolved, inside an allowed root
     kind: str  # "run" | "foreign"
     format: str = ""  # importers format name for foreign logs
+    run: str | None = None  # one of the runs the file holds (importers.runs_in_file), or None
+
+    @property
+    def key(self) -> str:
+        """What the caches know the run by: its path, and which of the file's runs."""
+        return str(self.path) if self.run is None else f"{self.path}\x00{self.run}"
 
 
 @dataclass(frozen=True)
@@ -142,8 +148,10 @@ def build_scope(paths: Sequence[Path]) -> Scope:
         if name in seen:  # two runs with the same folder name: use parent/name
             name = f"{p.parent.name}/{p.name}"
         seen.add(name)
-        kind = "run" if p.is_dir() and looks_like_run(p) else "foreign"
-        targets.append(Target(name, p, kind))
+        if p.is_dir() and looks_like_run(p):
+            targets.append(Target(name, p, "run"))
+        else:
+            targets += foreign_targets(name, p)
     return Scope(tuple(resolved), tuple(targets), False, tuple(problems))
 
 
@@ -181,8 +189,19 @@ def discover(root: Path) -> tuple[list[Target], list[str]]:
             continue
         fmt = sniff_format(resolved)
         if fmt is not None and fmt != "lld_run":
-            targets.append(Target(_relative_name(resolved, root), resolved, "foreign", fmt))
+            targets += foreign_targets(_relative_name(resolved, root), resolved, fmt)
     return targets, problems
+
+
+def foreign_targets(name: str, path: Path, fmt: str = "") -> list[Target]:
+    """One target for a foreign log, or one per run when the file holds several (runs appended
+    to a log, a W&B export of several runs): named ``NAME [RUN]`` as the triage names them."""
+    from lld_monitor.importers import runs_in_file
+
+    runs = runs_in_file(path) if path.is_file() else []
+    if len(runs) < 2:
+        return [Target(name, path, "foreign", fmt)]
+    return [Target(f"{name} [{r}]", path, "foreign", fmt, r) for r in runs]
 
 
 _SNIFF_CACHE: dict[tuple[str, float, int], str | None] = {}
@@ -390,7 +409,7 @@ class LiveRun:
         key = _stat_key(self.target.path)
         if key == self._foreign_key:
             return 0
-        table = importers.load_table(self.target.path)
+        table = importers.load_table(self.target.path, run=self.target.run)
         self._foreign_key = key
         self.meta = {
             "source_format": table.attrs.get("source_format", self.target.format),
@@ -454,7 +473,7 @@ class LiveRun:
             if pending is not None:  # a long run: the picker's analysis is on its way
                 self._pending = pending
                 return
-            if str(self.target.path) in _DEFERRED:  # ... or will be (start_background)
+            if self.target.key in _DEFERRED:  # ... or will be (start_background)
                 return
             handed = take_verdict_analysis(self.target, n, self._store.last_step)
             if handed is not None:  # the picker's verdict analysed these very rows
@@ -474,7 +493,7 @@ class LiveRun:
         """True while a long run's first analysis is in the worker or about to go there."""
         if self.analysis is not None or self.analysis_error is not None:
             return False
-        return self.analysis_pending or str(self.target.path) in _DEFERRED
+        return self.analysis_pending or self.target.key in _DEFERRED
 
     def wait_analysis(self, timeout: float | None = None) -> None:
         """Block until a background analysis is done and take its result (tests, benchmarks)."""
@@ -693,7 +712,7 @@ def run_verdict(target: Target) -> Any:
     except OSError:
         key = (0.0, -1)
     now = time.monotonic()
-    path = str(target.path)
+    path = target.key
     pending = _BACKGROUND.get(path)
     hit = _VERDICTS.get(path)
     if pending is not None:
@@ -705,7 +724,10 @@ def run_verdict(target: Target) -> Any:
             verdict, analysis = pending[1].result()
         except Exception as exc:  # the worker process died (out of memory): said, not raised
             verdict = triage.RunVerdict(
-                target.name, path, "unreadable", error=f"background analysis failed: {exc}"
+                target.name,
+                str(target.path),
+                "unreadable",
+                error=f"background analysis failed: {exc}",
             )
             analysis = None
         verdict.name = target.name
@@ -719,7 +741,7 @@ def run_verdict(target: Target) -> Any:
     if key[1] >= BACKGROUND_BYTES:  # a long run: the page draws while a worker analyses it
         _DEFERRED[path] = (key, target)  # (handed to the worker by start_background)
         return hit[2] if hit is not None else _pending_verdict(target)
-    verdict, analysis = triage.analyse_one(target.path, target.path.parent)
+    verdict, analysis = triage.analyse_one(target.path, target.path.parent, target.run)
     verdict.name = target.name
     _VERDICTS[path] = (key, now, verdict, analysis)
     return verdict
@@ -749,14 +771,14 @@ def start_background(lives: Sequence[LiveRun]) -> None:
         return
     from lld_monitor.analysis import triage
 
-    shown = {str(live.target.path): live for live in lives}
+    shown = {live.target.key: live for live in lives}
     for path, (key, target) in list(_DEFERRED.items()):
         live = shown.get(path)
-        args: tuple[Any, ...] = (target.path, target.path.parent)
+        args: tuple[Any, ...] = (target.path, target.path.parent, target.run)
         if live is not None and live.n_rows and live.error is None:
             table = live.steps.copy(deep=False)  # (its own attrs; the data is shared)
             table.attrs["source_format"] = live.meta.get("source_format", "lld_run")
-            args += (None, table)
+            args += (table,)
         for _ in range(2):  # a broken pool (its worker died): once more, on a new one
             try:
                 future = _background_pool().submit(triage.analyse_one, *args)
@@ -819,7 +841,7 @@ def _pending_verdict(target: Target) -> Any:
 
 def verdict_future(target: Target) -> concurrent.futures.Future | None:
     """The background analysis of ``target`` still under way, or None."""
-    pending = _BACKGROUND.get(str(target.path))
+    pending = _BACKGROUND.get(target.key)
     return pending[1] if pending is not None and not pending[1].done() else None
 
 
@@ -834,7 +856,7 @@ def take_verdict_analysis(target: Target, rows: int, last_step: float) -> Any:
     (``rows`` rows up to ``last_step``: what the run's follower has read), else None; handed
     over once (the first render analyses a run once, not for the picker and again for the
     charts)."""
-    path = str(target.path)
+    path = target.key
     hit = _VERDICTS.get(path)
     if hit is None or hit[3] is None:
         return None

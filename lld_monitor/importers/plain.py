@@ -1,0 +1,182 @@
+"""Plain training-loop prints: ``step 10 | loss 0.12 | reward 0.45 | acc 0.40`` and the like.
+
+A hand-written GRPO loop prints its metrics as it likes. A metric line names its step
+(``step 10``, ``Step 10/500``, ``[step 10]``, ``step=10``, ``iter 10``, ``update 10``) and
+metrics as ``key=value``, ``key: value`` or ``key value`` fields (``|``, ``,`` or `` - ``
+between them); a value may be a percentage (``45.0%`` -> 0.45). Eval lines are kept apart: a
+line whose label (the words before the step, or a ``[eval]`` tag) or a field's qualifier word
+(``eval acc 0.55``) or key (``eval_acc``, ``val/acc``) says eval / val / validation / test gets
+its metrics as ``eval/<key>``; ``rollout`` / ``train`` qualifiers are training. Reward tensors
+printed per batch (``rewards: tensor([1., 0., 1.])``, ``rewards = [1.0, 0.0]``, across lines as
+torch wraps them) give the reward mean and std of the completions of their step (all the
+tensors printed since the step's line), or of their batch when the log names no step.
+
+No torch, no pandas: text in, dicts out.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from lld_monitor import columns as C
+from lld_monitor.importers.names import _LOOKUP, _reward_fn_name
+
+_STEP_RE = re.compile(
+    r"(?i)(?<![\w/.-])(?:global[_ ]?step|step|iter(?:ation)?|update)s?\b\s*[:=#]?\s*(\d+)"
+    r"(?:\s*/\s*\d+)?(?![\w.])"
+)
+_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)%?"
+#: ``key=value``, ``key: value`` (a key is a name with / . - _ inside)
+_PAIR_RE = re.compile(
+    r"(?i)(?<![\w/.-])((?:[A-Za-z_][\w./-]*\s+)?)([A-Za-z_][\w./-]*)\s*(?:=|:\s?)\s*("
+    + _NUMBER
+    + r")(?![\w.])"
+)
+#: ``key value`` inside one field (``| loss 0.12 |``): one or two words, then the number
+_FIELD_RE = re.compile(
+    r"(?i)^\s*((?:[A-Za-z_][\w./-]*\s+)?)([A-Za-z_][\w./-]*)\s+(" + _NUMBER + r")\s*$"
+)
+_SPLIT_RE = re.compile(r"\s*(?:\||,|;|\s-\s|\t)\s*")
+_EVAL_WORDS = frozenset(
+    {"eval", "evaluation", "evaluating", "val", "valid", "validation", "test", "testing"}
+)
+_WORD_RE = re.compile(r"[A-Za-z]+")
+_REWARDS_RE = re.compile(
+    r"(?i)(?<![\w/])(?:rewards?|scores?)\s*[:=]?\s*(?:tensor\(\s*|array\(\s*)?\[([^\[\]]*)\]"
+)
+#: ``eval_acc``, ``val/reward``, ``test-acc``: an evaluation metric by its key
+_EVAL_KEY_RE = re.compile(r"(?i)^(?:eval|val|valid|validation|test)(?:[_/.-])(.+)$")
+
+
+def _number(token: str) -> float | None:
+    token = token.strip()
+    pct = token.endswith("%")
+    try:
+        value = float(token.rstrip("%"))
+    except ValueError:
+        return None
+    return value / 100.0 if pct else value
+
+
+def _is_metric(key: str) -> bool:
+    hit = _LOOKUP.get(key)
+    return (hit is not None and hit[0] not in (C.STEP, C.TIME)) or _reward_fn_name(key) is not None
+
+
+def _pairs(body: str) -> list[tuple[str, str, float]]:
+    """(qualifier word, key, value) of every metric field of a line's body."""
+    out: list[tuple[str, str, float]] = []
+    seen: set[int] = set()
+    for m in _PAIR_RE.finditer(body):
+        value = _number(m.group(3))
+        if value is not None:
+            out.append((m.group(1).strip(), m.group(2), value))
+            seen.update(range(m.start(), m.end()))
+    for field in _SPLIT_RE.split(body):
+        m = _FIELD_RE.match(field)
+        if m is None:
+            continue
+        value = _number(m.group(3))
+        if value is not None and not any(
+            (q, k) == (m.group(1).strip(), m.group(2)) for q, k, _ in out
+        ):
+            out.append((m.group(1).strip(), m.group(2), value))
+    return out
+
+
+def _is_eval_label(text: str) -> bool:
+    return any(w.lower() in _EVAL_WORDS for w in _WORD_RE.findall(text))
+
+
+def _row(body: str, label: str, line: str) -> dict[str, Any]:
+    """The known metrics of one line (``body``: its text after the step), eval ones as
+    ``eval/<key>``: by the line's label or ``[tag]``, a field's qualifier word, or the key."""
+    line_eval = _is_eval_label(label) or _is_eval_label("".join(re.findall(r"\[([^\]]*)\]", line)))
+    row: dict[str, Any] = {}
+    for qualifier, key, value in _pairs(body):
+        ev = _EVAL_KEY_RE.match(key)
+        if ev is not None:
+            name, is_eval = ev.group(1), True
+        else:
+            name, is_eval = key, line_eval or _is_eval_label(qualifier)
+        if not _is_metric(name) and not (is_eval and _is_metric(key)):
+            continue
+        row[f"eval/{name}" if is_eval else name] = value
+    return row
+
+
+def parse_plain(text: str) -> list[dict[str, Any]]:
+    """The metric rows of a plain training-loop log, in file order: one dict per metric line
+    (``step`` when it names one; eval metrics as ``eval/<key>``) and one per step for printed
+    reward tensors (``reward``, ``reward_std``)."""
+    rows: list[dict[str, Any]] = []
+    step: int | None = None
+    tensors: list[float] = []  # reward values printed since the current step's line
+
+    def flush() -> None:
+        if not tensors:
+            return
+        n = len(tensors)
+        mean = sum(tensors) / n
+        std = math.sqrt(sum((v - mean) ** 2 for v in tensors) / (n - 1)) if n > 1 else 0.0
+        row: dict[str, Any] = {"reward": mean, "reward_std": std}
+        if step is not None:
+            row[C.STEP] = step
+        rows.append(row)
+        tensors.clear()
+
+    # reward tensors may wrap across lines: read them on the whole text, by offset
+    spans = [(m.start(), m.end(), m.group(1)) for m in _REWARDS_RE.finditer(text)]
+    k = 0
+    offset = 0
+    for line in text.splitlines(keepends=True):
+        end = offset + len(line)
+        found_step = _STEP_RE.search(line)
+        in_tensor = False
+        while k < len(spans) and spans[k][0] < end:
+            values = [_number(v) for v in re.split(r"[,\s]+", spans[k][2]) if v.strip()]
+            if values and all(v is not None for v in values):
+                if found_step is not None and int(found_step.group(1)) != step:
+                    flush()
+                    step = int(found_step.group(1))
+                tensors.extend(float(v) for v in values if v is not None)
+                if step is None:
+                    flush()  # no step named: a row per printed batch
+            in_tensor = True
+            k += 1
+        if found_step is None and step is not None and not in_tensor:
+            # metrics on lines of their own under a step header ("=== Step 3 ===", "  acc: 0.4")
+            row = _row(line, "", line)
+            if row:
+                row[C.STEP] = step
+                rows.append(row)
+        if found_step is not None and not in_tensor:
+            label = line[: found_step.start()]
+            body = line[found_step.end() :]
+            row = _row(body, label, line)
+            new_step = int(found_step.group(1))
+            if new_step != step:
+                flush()
+                step = new_step
+            if row:
+                row[C.STEP] = new_step
+                rows.append(row)
+        offset = end
+    flush()
+    return rows
+
+
+def sniff_plain(text: str) -> bool:
+    """At least two metric lines (a step and a known metric), or a printed reward tensor."""
+    hits = 0
+    for line in text.splitlines():
+        m = _STEP_RE.search(line)
+        if m is None:
+            continue
+        if any(_is_metric(k) or _EVAL_KEY_RE.match(k) for _, k, _ in _pairs(line[m.end() :])):
+            hits += 1
+            if hits >= 2:
+                return True
+    return _REWARDS_RE.search(text) is not None
