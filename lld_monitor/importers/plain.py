@@ -44,7 +44,7 @@ _EVAL_WORDS = frozenset(
 )
 _WORD_RE = re.compile(r"[A-Za-z]+")
 _REWARDS_RE = re.compile(
-    r"(?i)(?<![\w/])(?:rewards?|scores?)\s*[:=]?\s*(?:tensor\(\s*|array\(\s*)?\[([^\[\]]*)\]"
+    r"(?i)(?<![\w/])(?:rewards?|scores?)\b[^\[\]\n{}']{0,40}?(?:tensor\(\s*|array\(\s*)?\[([^\[\]]*)\]"
 )
 #: ``eval_acc``, ``val/reward``, ``test-acc``: an evaluation metric by its key
 _EVAL_KEY_RE = re.compile(r"(?i)^(?:eval|val|valid|validation|test)(?:[_/.-])(.+)$")

@@ -166,10 +166,15 @@ def test_printed_reward_tensors(tmp_path):
     assert df[C.REWARD_STD].tolist() == pytest.approx([np.std(b, ddof=1) for b in batches])
     # no step named anywhere: one row per printed batch, numbered
     path2 = tmp_path / "batches.log"
-    path2.write_text("rewards: tensor([1., 0.])\nrewards: tensor([1., 1.])\n")
+    path2.write_text(
+        "rewards: tensor([1., 0.])\n"
+        "batch reward tensor: tensor([1., 1.], device='cuda:0')\n"
+        "reward functions: [accuracy, format]\n"  # (not numbers: not a batch)
+        "scores = array([0.5, 0.25])\n"
+    )
     df2 = load_table(path2)
     assert df2.attrs["step_source"] == "row_order"
-    assert df2[C.REWARD_MEAN].tolist() == [0.5, 1.0]
+    assert df2[C.REWARD_MEAN].tolist() == [0.5, 1.0, 0.375]
 
 
 def test_a_file_that_is_none_of_these_is_refused_clearly(tmp_path, capsys):

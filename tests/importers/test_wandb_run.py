@@ -193,3 +193,28 @@ def test_a_trl_grpo_run_reporting_to_wandb_offline(tmp_path, monkeypatch) -> Non
         [h["rewards/reward_length/mean"] for h in train]
     )
     shutil.rmtree(tmp_path / "out", ignore_errors=True)
+
+
+def test_eval_metrics_logged_by_wandb_are_kept_apart(tmp_path, monkeypatch) -> None:
+    """A run written by the real wandb library, logging eval/reward every 10 steps at the
+    steps of training: W&B merges them into the training rows; load_table keeps them apart."""
+    from lld_monitor.importers import load_eval_table
+
+    _offline_env(monkeypatch, tmp_path)
+    run = wandb.init(project="lld-test", mode="offline", dir=str(tmp_path), id="evalrun0")
+    for i in range(1, 61):
+        run.log({"train/reward": _reward(i), "train/global_step": i}, step=i, commit=False)
+        if i % 10 == 0:
+            run.log({"eval/reward": 0.99, "eval/accuracy": 0.97}, step=i, commit=False)
+        run.log({}, step=i)
+    run.finish()
+    (folder,) = (tmp_path / "wandb").glob("offline-run-*evalrun0")
+    _settled(wandb_file_of(folder))
+    df = load_table(folder)
+    assert list(df[C.STEP]) == list(range(1, 61))
+    assert list(df[C.REWARD_MEAN]) == pytest.approx([_reward(i) for i in range(1, 61)])
+    assert df.attrs["eval_rows"] == 6
+    ev = load_eval_table(folder)
+    assert list(ev[C.STEP]) == [10, 20, 30, 40, 50, 60]
+    assert ev["eval/reward"].tolist() == [0.99] * 6
+    assert ev["eval/accuracy"].tolist() == [0.97] * 6
