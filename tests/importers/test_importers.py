@@ -24,6 +24,7 @@ from lld_monitor.importers import (
     load_eval_table,
     load_table,
     parse_verl_console,
+    runs_in_file,
 )
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "importers"
@@ -700,3 +701,48 @@ CONSOLE_FORMATS = ("trl_console", "notebook_log")
 
 def conftest_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.name not in ("README.md", "verdicts.tsv"))
+
+
+_VERL_RUN_SCRIPT = """
+import sys
+from verl.utils.tracking import Tracking
+base = float(sys.argv[1])
+t = Tracking(project_name="p", experiment_name="e", default_backend=["console"])
+t.log({"val-core/nq/reward/mean@1": base}, step=0)  # verl validates before training
+for step in range(1, 6):
+    metrics = {"critic/score/mean": base + 0.01 * step, "actor/grad_norm": 0.5}
+    if step == 5:
+        metrics["val-core/nq/reward/mean@1"] = 0.9  # validation merged into the step's metrics
+    t.log(metrics, step=step)
+"""
+
+
+@pytest.mark.verl
+@pytest.mark.skipif(not VERL_PY.exists(), reason="no .venv-verl with verl installed")
+def test_verl_own_console_of_two_runs_appended(tmp_path):
+    """Two runs of verl's own console logger appended to one log (``>> train.log``): two runs,
+    each its own values; the validation rows are kept apart from the training reward."""
+    import subprocess
+
+    out = []
+    for base in ("0.1", "0.5"):
+        proc = subprocess.run(
+            [str(VERL_PY), "-c", _VERL_RUN_SCRIPT, base],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out.append(proc.stdout + proc.stderr)
+    log = tmp_path / "train.log"
+    log.write_text("".join(out))
+    assert runs_in_file(log) == ["1", "2"]
+    for run, base in (("1", 0.1), ("2", 0.5)):
+        df = load_table(log, run=run)
+        assert df.attrs["source_format"] == "verl_console"
+        assert list(df[C.STEP]) == [1, 2, 3, 4, 5]
+        _close(_col(df, C.REWARD_MEAN), [base + 0.01 * s for s in range(1, 6)])
+        ev = load_eval_table(log, run=run)
+        assert list(ev[C.STEP]) == [0, 5]
+        _close(list(ev["val-core/nq/reward/mean@1"]), [base, 0.9])
