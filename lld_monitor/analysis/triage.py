@@ -72,7 +72,7 @@ class RunVerdict:
 def is_collection_of_runs(path: Path) -> bool:
     """A folder of runs, or one file that holds several runs (a W&B panel export)."""
     if path.is_file():
-        from lld_monitor.importers.formats import runs_in_file
+        from lld_monitor.importers.load import runs_in_file
 
         return len(runs_in_file(path)) > 1
     return is_folder_of_runs(path)
@@ -218,7 +218,7 @@ def triage(
     stream that gets a progress line once the triage has taken more than a second. ``jobs``:
     worker processes (default: the cores, ``default_jobs``); runs are analysed in parallel
     from ``PARALLEL_MIN_RUNS`` runs on, each read and parsed once, in its worker."""
-    from lld_monitor.importers.formats import runs_in_file
+    from lld_monitor.importers.load import runs_in_file
 
     entries: list[tuple[Path, str | None]] = []
     for path in candidates(root) if root.is_dir() else [root]:

@@ -1,0 +1,271 @@
+"""Open a logged run: ``load_table`` (the one "open any run" entry point: the CLI, the analyzer,
+the triage and the dashboard call it), the evaluation rows it keeps apart (``load_eval_table``),
+the runs a file holds (``runs_in_file``) and the other logs an output folder holds.
+
+The formats themselves (one class each, the registry, ``detect``) are in ``formats.py``; this
+module picks the run, splits off the evaluation rows (``parts.split_eval``) and maps the columns
+(``table.canonicalize``). No torch import here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from lld_monitor import columns as C
+from lld_monitor.importers.base import SNIFF_BYTES, Format, Head, ImportFormatError, _one_line
+from lld_monitor.importers.formats import (
+    _TB_NAME,
+    NotebookLog,
+    WandbCsv,
+    _csv_header,
+    _is_run_dir,
+    detect,
+    panel_runs,
+)
+from lld_monitor.importers.names import FOREIGN_NAMES, authors_note
+from lld_monitor.importers.parts import describe_runs, split_eval
+from lld_monitor.importers.table import canonicalize
+from lld_monitor.importers.wandb_run import is_wandb_run_dir
+
+
+def _folder_sources(path: Path) -> list[tuple[str, Path, str]]:
+    """Every log an output folder holds that ``load_table`` could read: (format, path, what),
+    in the order ``_detect_folder`` prefers them. Checkpoints' copies of ``trainer_state.json``
+    count as one source (the latest checkpoint's)."""
+    found: list[tuple[str, Path, str]] = []
+    if _is_run_dir(path):
+        found.append(("lld_run", path, "the lld_monitor run log (steps.jsonl)"))
+    if is_wandb_run_dir(path):
+        found.append(("wandb_run", path, "a W&B run folder"))
+    events = sorted(p for p in path.rglob(f"*{_TB_NAME}*") if p.is_file())
+    if events:
+        n = len(events)
+        found.append(("tensorboard", path, f"TensorBoard events ({n} file{'s' if n != 1 else ''})"))
+    if (path / "trainer_state.json").is_file():
+        found.append(("trl_trainer_state", path / "trainer_state.json", "TRL's trainer_state.json"))
+    ckpts = []
+    for p in path.glob("checkpoint-*/trainer_state.json"):
+        tail = p.parent.name.removeprefix("checkpoint-")
+        if tail.isdigit():
+            ckpts.append((int(tail), p))
+    if ckpts:
+        last = max(ckpts)[1]
+        found.append(
+            (
+                "trl_trainer_state",
+                last,
+                f"trainer_state.json of the latest of {len(ckpts)} checkpoints",
+            )
+        )
+    for sub in sorted(path.glob("wandb/*run-*")):
+        if sub.is_dir() and is_wandb_run_dir(sub):
+            found.append(("wandb_run", sub, "a W&B run folder"))
+    return found
+
+
+def other_sources(path: Path, fmt: str) -> list[str]:
+    """For an output folder read as ``fmt``: a line per other log it holds (what and where), so
+    the analysis can say what it did not read. Empty for a file, or a folder with one log."""
+    if not path.is_dir():
+        return []
+    sources = _folder_sources(path)
+    chosen = next((i for i, (name, _, _) in enumerate(sources) if name == fmt), None)
+    out = []
+    for i, (_name, where, what) in enumerate(sources):
+        if i == chosen:
+            continue
+        out.append(f"{what}: {where}")
+    return out
+
+
+# --- public API ---------------------------------------------------------------------------------
+
+
+def detect_format(path: str | Path) -> str:
+    """Name of the format of ``path`` (a key of ``FORMATS``), from its content.
+
+    Files up to ``SNIFF_BYTES`` are detected exactly as ``load_table`` does; larger ones from
+    their first ``SNIFF_BYTES`` (cheap enough to list a folder of growing logs).
+    """
+    path = Path(path)
+    partial = path.is_file() and _TB_NAME not in path.name and path.stat().st_size > SNIFF_BYTES
+    fmt, _ = detect(path, complete=not partial)
+    return fmt.name
+
+
+def load_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
+    """Load a logged run as a numeric DataFrame of canonical columns, sorted by ``step``.
+
+    The one entry point for opening any run, ours or foreign. ``run``: which of several runs a
+    file holds (a notebook's training table, by its number); None: the file's own choice.
+    ``df.attrs``: ``source_format``
+    (a ``FORMATS`` key), ``unmapped_columns`` (foreign names not mapped), ``step_source`` (where
+    ``step`` came from: ``logged``, ``progress_bar``, ``epoch``, ``logging_steps`` or
+    ``row_order``), ``step_note`` (the same as a sentence), ``import_notes`` (cells, lines and
+    rows dropped or changed, counted), ``source_path``, ``other_sources`` (for a folder: the
+    other logs it holds that were not read, one line each).
+    """
+    path = Path(path)
+    fmt, head = detect(path)
+    if run is not None and not isinstance(fmt, (NotebookLog, WandbCsv)) and not fmt.appendable:
+        raise ImportFormatError(
+            f"{path}: --run picks one training table of a notebook, one run of a W&B export, "
+            f"or one of the runs appended to a log; this file is {fmt.description}, one run"
+        )
+    try:
+        if isinstance(fmt, (NotebookLog, WandbCsv)):
+            frame, step_source = fmt.read(path, head, run=run)
+        elif fmt.appendable:
+            frame, step_source = _pick_run(path, _runs_of(path, fmt, head), run)
+        else:
+            frame, step_source = fmt.read(path, head)
+    except ImportFormatError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise ImportFormatError(
+            f"{path}: looked like {fmt.description} but could not be read ({_one_line(exc)})"
+        ) from exc
+    frame, evals = split_eval(frame)
+    df, unmapped = canonicalize(frame)
+    if df.empty and evals is not None and len(evals):
+        names = ", ".join(str(c) for c in list(evals.columns)[:5] if c != C.STEP)
+        raise ImportFormatError(
+            f"{path}: read as {fmt.description} but found no training rows: it holds only "
+            f"evaluation rows ({len(evals)}: {names}), kept apart from training by design"
+        )
+    if df.empty:
+        raise ImportFormatError(
+            f"{path}: read as {fmt.description} but found no training rows with a known metric "
+            f"({', '.join(sorted(FOREIGN_NAMES[C.REWARD_MEAN]))}, grad_norm, loss, ...)"
+        )
+    df.attrs["source_format"] = fmt.name
+    df.attrs["unmapped_columns"] = unmapped
+    df.attrs["step_source"] = step_source
+    df.attrs["step_note"] = frame.attrs.get("step_note") or _STEP_NOTES.get(step_source, "")
+    authors = authors_note(frame.columns)
+    df.attrs["import_notes"] = [
+        *frame.attrs.get("import_notes", []),
+        *df.attrs.get("import_notes", []),
+        *([authors] if authors else []),
+    ]
+    if evals is not None and len(evals):
+        names = [c for c in evals.columns if c != C.STEP]
+        shown = ", ".join(names[:4]) + (f", ... ({len(names)} columns)" if len(names) > 4 else "")
+        df.attrs["import_notes"].append(
+            f"{len(evals)} evaluation row(s) kept apart ({shown}): not analysed, not drawn as "
+            "training metrics (importers.load_eval_table reads them)"
+        )
+    df.attrs["eval_rows"] = 0 if evals is None else len(evals)
+    df.attrs["source_path"] = str(path)
+    # an output folder may hold several logs of the run (TensorBoard events beside TRL's
+    # trainer_state.json, a wandb/ folder): say which one was read and what else is there
+    df.attrs["other_sources"] = other_sources(path, fmt.name)
+    return df
+
+
+def load_eval_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
+    """The evaluation rows that ``load_table`` keeps apart from the training rows: ``step`` and
+    the evaluation columns under their logged names (``eval/accuracy``, ``eval_loss``,
+    ``val-core/...``, ``test/env/all/reward/total``; a typed record of type eval gives
+    ``eval/<key>``), sorted by step. Empty (only a ``step`` column) when the log has none."""
+    path = Path(path)
+    fmt, head = detect(path)
+    if isinstance(fmt, (NotebookLog, WandbCsv)):
+        frame, _ = fmt.read(path, head, run=run)
+    elif fmt.appendable:
+        frame, _ = _pick_run(path, _runs_of(path, fmt, head), run)
+    else:
+        frame, _ = fmt.read(path, head)
+    _, evals = split_eval(frame)
+    if evals is None or C.STEP not in evals.columns:
+        return pd.DataFrame(columns=[C.STEP])
+    out = evals.apply(pd.to_numeric, errors="coerce")
+    out = out[out[C.STEP].notna()].sort_values(C.STEP, kind="stable").reset_index(drop=True)
+    return out
+
+
+#: (path, mtime_ns, size, format) -> the runs of an appendable log, for the last few read:
+#: listing a file's runs and reading one of them parse it once.
+_RUNS_CACHE: dict[tuple[str, int, int, str], list[tuple[pd.DataFrame, str]]] = {}
+_RUNS_CACHE_SIZE = 4
+_RUNS_CACHE_MAX_BYTES = 64 << 20
+
+
+def _runs_of(path: Path, fmt: Format, head: Head | None) -> list[tuple[pd.DataFrame, str]]:
+    try:
+        st = path.stat()
+        key = (str(path), st.st_mtime_ns, st.st_size, fmt.name)
+    except OSError:
+        key = None
+    if key is not None and key in _RUNS_CACHE:
+        return _RUNS_CACHE[key]
+    runs = fmt.read_runs(path, head)
+    if key is not None and key[2] <= _RUNS_CACHE_MAX_BYTES:
+        while len(_RUNS_CACHE) >= _RUNS_CACHE_SIZE:
+            _RUNS_CACHE.pop(next(iter(_RUNS_CACHE)))
+        _RUNS_CACHE[key] = runs
+    return runs
+
+
+def _pick_run(
+    path: Path, runs: list[tuple[pd.DataFrame, str]], run: str | None
+) -> tuple[pd.DataFrame, str]:
+    """One run of a log that holds ``runs``: ``run`` (its number, 1 = the first in the file),
+    else the latest; a note says which and names the others."""
+    if len(runs) == 1 and run in (None, "1"):
+        return runs[0]
+    labels = describe_runs([f for f, _ in runs])
+    if run is None:
+        index = len(runs) - 1
+    else:
+        text = str(run).strip()
+        if not text.isdigit() or not 1 <= int(text) <= len(runs):
+            raise ImportFormatError(
+                f"{path}: --run {run!r}: this log holds {len(runs)} run(s): " + "; ".join(labels)
+            )
+        index = int(text) - 1
+    frame, source = runs[index]
+    frame = frame.copy(deep=False)
+    frame.attrs = dict(runs[index][0].attrs)
+    others = [lab for i, lab in enumerate(labels) if i != index]
+    how = "as asked" if run is not None else "the latest"
+    frame.attrs["import_notes"] = [
+        *frame.attrs.get("import_notes", []),
+        f"a log of {len(runs)} runs appended one after another (the step counter restarts): "
+        f"read {labels[index]}, {how}; also there: {'; '.join(others)} (pick one with --run N; "
+        "analysing the file lists them all)",
+    ]
+    return frame, source
+
+
+#: ``step_source`` -> how the steps were found, for tables (console logs say more).
+_STEP_NOTES = {
+    "logged": "step from the log's own step column",
+    "row_order": "no step column: the rows are numbered 1, 2, 3, ...",
+}
+
+
+def runs_in_file(path: Path) -> list[str]:
+    """The runs a single file holds when it holds several, else []: a W&B panel export's run
+    names (from the header line alone), or "1", "2", ... for the runs appended to a log whose
+    step counter restarts (the log is parsed once: ``load_table`` of one of its runs reuses it)."""
+    try:
+        fmt, head = detect(path, complete=False)
+    except ImportFormatError:
+        return []
+    if head is None:
+        return []
+    if isinstance(fmt, WandbCsv):
+        names = panel_runs(_csv_header(head.first_line) or [])
+        return names if len(names) > 1 else []
+    try:
+        if not fmt.appendable and path.stat().st_size > SNIFF_BYTES:
+            return []
+        fmt, head = detect(path)  # (as load_table detects it: the whole file)
+        runs = _runs_of(path, fmt, head) if fmt.appendable else []
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [str(i) for i in range(1, len(runs) + 1)] if len(runs) > 1 else []
