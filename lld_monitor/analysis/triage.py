@@ -17,6 +17,27 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from lld_monitor import columns as C
+from lld_monitor.importers.catalog import (
+    LOG_SUFFIXES,
+    MAYBE_LOG_SUFFIXES,
+    candidates,
+    entry_name,
+    is_folder_of_runs,
+)
+
+__all__ = [
+    "LOG_SUFFIXES",
+    "MAYBE_LOG_SUFFIXES",
+    "VERDICTS",
+    "RunVerdict",
+    "analyse_one",
+    "candidates",
+    "is_collection_of_runs",
+    "is_folder_of_runs",
+    "sort_key",
+    "triage",
+    "triage_one",
+]
 
 #: Verdicts, worst first (the sort order of the table).
 VERDICTS: tuple[str, ...] = (
@@ -28,15 +49,7 @@ VERDICTS: tuple[str, ...] = (
     "summary",
     "skipped",
 )
-#: Entries that are never runs: caches, and W&B's own debug logs beside its run folders.
-_NOT_RUNS = frozenset({"__pycache__", "debug.log", "debug-internal.log", "debug-core.log"})
 _NO_ROWS = "found no training rows with a known metric"  # (load_table's message)
-#: Suffixes of loose files taken for runs (listed as unreadable when they do not read).
-LOG_SUFFIXES = frozenset({".json", ".jsonl", ".csv", ".ipynb", ".parquet", ".wandb"})
-#: Suffixes of loose files taken for runs only when their content is a known log format (a
-#: console log, a terminal capture in markdown, a TSV export), so a README, a notes file or a
-#: library's debug log is not listed.
-MAYBE_LOG_SUFFIXES = frozenset({".log", ".out", ".md", ".txt", ".tsv"})
 
 
 @dataclass
@@ -70,57 +83,13 @@ class RunVerdict:
 
 
 def is_collection_of_runs(path: Path) -> bool:
-    """A folder of runs, or one file that holds several runs (a W&B panel export)."""
+    """A folder of runs, or one file that holds several runs (runs appended to one log, a W&B
+    export of several runs)."""
     if path.is_file():
         from lld_monitor.importers.load import runs_in_file
 
         return len(runs_in_file(path)) > 1
     return is_folder_of_runs(path)
-
-
-def is_folder_of_runs(path: Path) -> bool:
-    """True for a folder that is not itself one run but holds runs (``candidates`` finds one or
-    more): the folder of a night's sweep, of several output folders, of log files."""
-    from lld_monitor.importers.formats import _is_run_dir
-    from lld_monitor.importers.wandb_run import is_wandb_run_dir
-
-    if not path.is_dir() or _is_run_dir(path) or is_wandb_run_dir(path):
-        return False
-    if any((path / f).is_file() for f in ("trainer_state.json", "meta.json", "steps.jsonl")):
-        return False  # one run (a broken run folder too: its analysis says what is amiss)
-    if any("tfevents" in p.name for p in path.iterdir() if p.is_file()):
-        return False  # TensorBoard events right here: one run
-    return bool(candidates(path))
-
-
-def candidates(root: Path) -> list[Path]:
-    """The runs under ``root``: our run folders (at any depth), and each other entry directly in
-    it that reads as one run (a TRL output folder, a TensorBoard folder, a log file)."""
-    from lld_monitor.importers import ImportFormatError, detect
-    from lld_monitor.runlog import find_runs
-
-    found = {p.resolve(): p for p in find_runs(root)}
-    covered = set(found)
-    for entry in sorted(root.iterdir()):
-        if entry.name.startswith(".") or entry.name in _NOT_RUNS:
-            continue
-        if entry.resolve() in covered or any(r.is_relative_to(entry.resolve()) for r in covered):
-            continue
-        suffix = entry.suffix.lower()
-        if entry.is_file() and suffix not in LOG_SUFFIXES:
-            if suffix not in MAYBE_LOG_SUFFIXES:
-                continue
-            try:
-                detect(entry, complete=False)
-            except ImportFormatError:
-                continue
-        if entry.is_dir():
-            try:
-                detect(entry, complete=False)
-            except ImportFormatError:
-                continue  # (a folder with no run in it: not a candidate)
-        found[entry.resolve()] = entry
-    return sorted(found.values())
 
 
 def triage_one(path: Path, root: Path, run: str | None = None) -> RunVerdict:
@@ -138,9 +107,7 @@ def analyse_one(
     from lld_monitor.analysis import analyze_run
     from lld_monitor.importers import load_table
 
-    name = str(path.relative_to(root)) if path.is_relative_to(root) else path.name
-    if run is not None:
-        name = f"{name} [{run}]"
+    name = entry_name(path, root, run)
     try:
         df = load_table(path, run=run) if table is None else table
         analysis = analyze_run(df)
@@ -218,15 +185,14 @@ def triage(
     stream that gets a progress line once the triage has taken more than a second. ``jobs``:
     worker processes (default: the cores, ``default_jobs``); runs are analysed in parallel
     from ``PARALLEL_MIN_RUNS`` runs on, each read and parsed once, in its worker."""
+    from lld_monitor.importers.catalog import catalog
     from lld_monitor.importers.load import runs_in_file
 
     entries: list[tuple[Path, str | None]] = []
-    for path in candidates(root) if root.is_dir() else [root]:
-        inner = runs_in_file(path) if path.is_file() else []
-        if inner:
-            entries.extend((path, r) for r in inner)
-        else:
-            entries.append((path, None))
+    if root.is_dir():
+        entries = [(e.path, e.run) for e in catalog(root)[0]]
+    else:
+        entries = [(root, r) for r in runs_in_file(root)] or [(root, None)]
     base = root if root.is_dir() else root.parent
     jobs = default_jobs() if jobs is None else max(1, int(jobs))
     from lld_monitor.analysis.offline import progress_line

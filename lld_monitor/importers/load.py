@@ -9,7 +9,9 @@ module picks the run, splits off the evaluation rows (``parts.split_eval``) and 
 
 from __future__ import annotations
 
+import copy
 import json
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -96,6 +98,16 @@ def detect_format(path: str | Path) -> str:
     return fmt.name
 
 
+#: The tables of the last few files read (up to ``_TABLES_MAX_BYTES``), keyed by (path, run,
+#: mtime_ns, size, its first and last 256 bytes): the dashboard's listing, its picker's verdict
+#: and its charts read a log once on a first render, not three times. A changed file is read
+#: again.
+_TABLES: dict[tuple[str, str | None, int, int, int], pd.DataFrame] = {}
+_TABLES_SIZE = 4
+_TABLES_MAX_BYTES = 32 << 20
+_TABLES_LOCK = threading.Lock()
+
+
 def load_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
     """Load a logged run as a numeric DataFrame of canonical columns, sorted by ``step``.
 
@@ -107,8 +119,48 @@ def load_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
     ``row_order``), ``step_note`` (the same as a sentence), ``import_notes`` (cells, lines and
     rows dropped or changed, counted), ``source_path``, ``other_sources`` (for a folder: the
     other logs it holds that were not read, one line each).
+
+    A file read before and unchanged since is not parsed again: each call gets its own frame
+    (a shallow copy; pandas copies on write) with its own attrs.
     """
     path = Path(path)
+    key = _table_key(path, run)
+    with _TABLES_LOCK:
+        hit = _TABLES.get(key) if key is not None else None
+    if hit is None:
+        hit = _load_table(path, run)
+        if key is not None:
+            with _TABLES_LOCK:
+                while _TABLES and len(_TABLES) >= _TABLES_SIZE:
+                    _TABLES.pop(next(iter(_TABLES)))
+                _TABLES[key] = hit
+    out = hit.copy(deep=False)
+    out.attrs = copy.deepcopy(hit.attrs)
+    return out
+
+
+def _table_key(path: Path, run: str | None) -> tuple[str, str | None, int, int, int] | None:
+    try:
+        if not path.is_file():
+            return None  # (a folder: its files change without its own mtime changing)
+        st = path.stat()
+    except OSError:
+        return None
+    if st.st_size > _TABLES_MAX_BYTES:
+        return None
+    try:  # (a file rewritten to the same size within one tick of the clock: its ends differ)
+        with path.open("rb") as fh:
+            ends = fh.read(256)
+            fh.seek(max(0, st.st_size - 256))
+            ends += fh.read(256)
+    except OSError:
+        return None
+    return (str(path.resolve()), run, st.st_mtime_ns, st.st_size, hash(ends))
+
+
+def _read_raw(path: Path, run: str | None) -> tuple[Format, pd.DataFrame, str]:
+    """(format, the raw table of the run asked for, its step source): one run of a file that
+    holds several (``run``, else the file's own choice)."""
     fmt, head = detect(path)
     if run is not None and not isinstance(fmt, (NotebookLog, WandbCsv)) and not fmt.appendable:
         raise ImportFormatError(
@@ -128,6 +180,11 @@ def load_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
         raise ImportFormatError(
             f"{path}: looked like {fmt.description} but could not be read ({_one_line(exc)})"
         ) from exc
+    return fmt, frame, step_source
+
+
+def _load_table(path: Path, run: str | None) -> pd.DataFrame:
+    fmt, frame, step_source = _read_raw(path, run)
     frame, evals = split_eval(frame)
     df, unmapped = canonicalize(frame)
     if df.empty and evals is not None and len(evals):
@@ -171,14 +228,7 @@ def load_eval_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame
     the evaluation columns under their logged names (``eval/accuracy``, ``eval_loss``,
     ``val-core/...``, ``test/env/all/reward/total``; a typed record of type eval gives
     ``eval/<key>``), sorted by step. Empty (only a ``step`` column) when the log has none."""
-    path = Path(path)
-    fmt, head = detect(path)
-    if isinstance(fmt, (NotebookLog, WandbCsv)):
-        frame, _ = fmt.read(path, head, run=run)
-    elif fmt.appendable:
-        frame, _ = _pick_run(path, _runs_of(path, fmt, head), run)
-    else:
-        frame, _ = fmt.read(path, head)
+    _, frame, _ = _read_raw(Path(path), run)
     _, evals = split_eval(frame)
     if evals is None or C.STEP not in evals.columns:
         return pd.DataFrame(columns=[C.STEP])

@@ -293,15 +293,14 @@ def test_foreign_log_is_listed_and_shown(tmp_path: Path, monkeypatch: pytest.Mon
     (tmp_path / "manifest.jsonl").write_text('{"step": 1, "name": "a"}\n{"step": 2, "name": "b"}\n')
     at = make_app(monkeypatch, tmp_path).run()
     assert not at.exception
-    assert option_names(at) == ["trl/trainer_state.json"]
+    # the output folder is the run, named as `lld-monitor analyze ROOT` names it
+    assert option_names(at) == ["trl"]
     text = all_text(at)
     assert "foreign log \\(trl\\_trainer\\_state\\)" in text
     assert "3 rows, last step 3" in text
     assert "step from the log's own step column" in text  # how the importer found the steps
     spec = chart_spec(at)
-    reward = next(
-        d for d in spec["data"] if d.get("name") == f"trl/trainer_state.json · {C.REWARD_MEAN}"
-    )
+    reward = next(d for d in spec["data"] if d.get("name") == f"trl · {C.REWARD_MEAN}")
     assert arr(reward["x"]).tolist() == [1.0, 2.0, 3.0]
     notes = [a["text"] for a in spec["layout"]["annotations"]]
     # no LLD columns in a TRL log: the panels say which columns are missing
@@ -1296,3 +1295,91 @@ def test_a_long_runs_verdict_stays_while_a_new_one_is_made_and_is_throttled(
     assert path not in sources._BACKGROUND and not sources._DEFERRED  # not analysed again
     assert sources._VERDICTS[path][1] == made
     assert at.multiselect[0].options == first
+
+
+def test_two_sessions_opening_long_runs_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two browser sessions (each its own thread of the server) open the same long runs at the
+    same moment: the shared verdict and worker state is behind a lock; neither page errs and
+    both end with every run's verdict."""
+    import threading
+
+    from lld_monitor.testing import make_run
+    from lld_monitor.testing import write_run as write_sim
+
+    for i, kind in enumerate(("collapse", "healthy", "collapse")):
+        write_sim(make_run(kind, 3000, seed=i), tmp_path / f"long{i}")
+    monkeypatch.setattr(sources, "BACKGROUND_BYTES", 1)  # every run counts as long
+    monkeypatch.setattr(sources, "_BACKGROUND", {})
+    monkeypatch.setattr(sources, "_VERDICTS", {})
+    monkeypatch.setattr(sources, "_DEFERRED", {})
+    monkeypatch.setattr(sys, "argv", ["app.py", str(tmp_path)])
+    start = threading.Barrier(2)
+    results: dict[int, object] = {}
+
+    def session(i: int) -> None:
+        try:
+            at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+            start.wait()
+            for _ in range(3):
+                at.run()
+                if at.exception:
+                    break
+            results[i] = at
+        except BaseException as exc:  # (reported below, not lost in the thread)
+            results[i] = exc
+
+    threads = [threading.Thread(target=session, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i in range(2):
+        at = results[i]
+        assert isinstance(at, AppTest), at
+        assert not at.exception, [e.value for e in at.exception]
+    wait_background()
+    for i in range(2):
+        at = results[i]
+        at.run()
+        assert not at.exception
+        labels = at.multiselect[0].options
+        assert len(labels) == 3 and not any("analysing" in lab for lab in labels), labels
+
+
+def test_a_foreign_log_is_parsed_once_on_the_first_render(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listing the log (is there a training row?), its picker verdict and its charts read the
+    same unchanged file: it is parsed once; changed, it is parsed again."""
+    from lld_monitor.importers import load
+
+    state = {
+        "global_step": 40,
+        "log_history": [
+            {"step": s, "reward": 0.01 * s, "grad_norm": 1.0, "loss": 0.0} for s in range(1, 41)
+        ],
+    }
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps(state))
+    calls: list[Path] = []
+    real = load._load_table
+
+    def counting(p, run):
+        calls.append(Path(p))
+        return real(p, run)
+
+    monkeypatch.setattr(load, "_load_table", counting)
+    monkeypatch.setattr(load, "_TABLES", {})
+    monkeypatch.setattr(sources, "_VERDICTS", {})
+    at = make_app(monkeypatch, tmp_path).run()
+    assert not at.exception
+    assert option_names(at) == ["trainer_state.json"]
+    assert "40 rows, last step 40" in all_text(at)
+    assert calls == [path]
+    state["log_history"].append({"step": 41, "reward": 0.5, "grad_norm": 1.0, "loss": 0.0})
+    path.write_text(json.dumps(state))
+    at.run()
+    assert "41 rows, last step 41" in all_text(at)
+    assert calls.count(path) == 2

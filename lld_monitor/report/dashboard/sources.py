@@ -12,7 +12,7 @@ import argparse
 import concurrent.futures
 import functools
 import math
-import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,19 +26,13 @@ from lld_monitor import columns as C
 from lld_monitor import runlog
 from lld_monitor.report.charts import Band, Marker
 
-#: File names and suffixes worth asking ``importers.detect_format`` about when scanning ROOT.
-FOREIGN_SUFFIXES: frozenset[str] = frozenset(
-    {".json", ".jsonl", ".csv", ".parquet", ".log", ".txt", ".md", ".ipynb", ".out"}
-)
-#: Scanning ROOT for foreign logs stops after this many candidate files (the listing says so).
-MAX_FOREIGN_CANDIDATES = 300
-#: Files larger than this are not sniffed while listing (they can still be named as a RUN).
+#: Files larger than this are not read while listing (to leave out one that logs no training
+#: metric); they are listed, and can be named as a RUN.
 MAX_SNIFF_BYTES = 200_000_000
 #: Re-run the offline analysis when the run grew by this factor since the last analysis ...
 REANALYZE_GROWTH = 1.25
 #: ... or when the last analysis is older than this and rows were added since (seconds).
 REANALYZE_AFTER_S = 120.0
-_SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
 
 
 # --- command-line arguments of the app --------------------------------------------------------
@@ -156,40 +150,20 @@ def build_scope(paths: Sequence[Path]) -> Scope:
 
 
 def discover(root: Path) -> tuple[list[Target], list[str]]:
-    """Our runs under ``root`` (``runlog.find_runs``) and foreign logs the importers recognise."""
-    problems: list[str] = []
-    runs = [r.resolve() for r in runlog.find_runs(root)]
-    runs = [r for r in runs if r.is_relative_to(root)]  # a symlink out of ROOT is not followed
-    targets = [Target(_relative_name(r, root), r, "run") for r in runs]
-    run_set = set(runs)
-    candidates: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        if here.resolve() in run_set:
-            dirnames[:] = []
-            continue
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS)
-        if any("tfevents" in f for f in filenames):
-            candidates.append(here)
-            dirnames[:] = []
-            continue
-        for f in sorted(filenames):
-            if Path(f).suffix.lower() in FOREIGN_SUFFIXES and not f.startswith("."):
-                candidates.append(here / f)
-        if len(candidates) > MAX_FOREIGN_CANDIDATES:
-            problems.append(
-                f"stopped looking for foreign logs after {MAX_FOREIGN_CANDIDATES} files; "
-                "pass the log you want as a RUN argument"
-            )
-            candidates = candidates[:MAX_FOREIGN_CANDIDATES]
-            break
-    for cand in candidates:
-        resolved = resolve_inside(root, cand.relative_to(root).as_posix())
+    """The runs under ``root``, named as ``lld-monitor analyze ROOT`` names them (the one run
+    catalog, ``importers.catalog``), less the loose files that read but log no training metric
+    (the triage's ``skipped`` line); a link out of ROOT is not followed."""
+    from lld_monitor.importers.catalog import catalog
+
+    entries, problems = catalog(root)
+    targets: list[Target] = []
+    for entry in entries:
+        resolved = resolve_inside(root, entry.path.relative_to(root).as_posix())
         if resolved is None or resolved == root:
             continue
-        fmt = sniff_format(resolved)
-        if fmt is not None and fmt != "lld_run":
-            targets += foreign_targets(_relative_name(resolved, root), resolved, fmt)
+        if entry.kind == "foreign" and resolved.is_file() and _no_rows(resolved, entry.run):
+            continue
+        targets.append(Target(entry.name, resolved, entry.kind, "", entry.run))
     return targets, problems
 
 
@@ -204,32 +178,31 @@ def foreign_targets(name: str, path: Path, fmt: str = "") -> list[Target]:
     return [Target(f"{name} [{r}]", path, "foreign", fmt, r) for r in runs]
 
 
-_SNIFF_CACHE: dict[tuple[str, float, int], str | None] = {}
+_NO_ROWS_CACHE: dict[tuple[str, str | None, float, int], bool] = {}
 
 
-def sniff_format(path: Path) -> str | None:
-    """The importers' format name for ``path`` when ``load_table`` reads rows from it, else None.
+def _no_rows(path: Path, run: str | None) -> bool:
+    """True for a file that reads but logs no training metric (a config, a timing file).
 
-    Cached by (path, mtime, size): a log is imported again only when it changed.
-    """
+    Cached by (path, run, mtime, size): a log is imported again only when it changed; a file
+    over ``MAX_SNIFF_BYTES`` is listed without looking."""
     from lld_monitor import importers
+    from lld_monitor.analysis.triage import _NO_ROWS
 
     try:
         st = path.stat()
     except OSError:
-        return None
-    if path.is_file() and st.st_size > MAX_SNIFF_BYTES:
-        return None
-    key = (str(path), st.st_mtime, st.st_size)
-    if key not in _SNIFF_CACHE:
+        return False
+    if st.st_size > MAX_SNIFF_BYTES:
+        return False
+    key = (str(path), run, st.st_mtime, st.st_size)
+    if key not in _NO_ROWS_CACHE:
         try:
-            fmt = importers.detect_format(path)
-            if fmt != "lld_run":
-                importers.load_table(path)  # listed only if it yields training rows
-            _SNIFF_CACHE[key] = fmt
-        except (ValueError, OSError):  # importers.ImportFormatError: not a log it reads
-            _SNIFF_CACHE[key] = None
-    return _SNIFF_CACHE[key]
+            importers.load_table(path, run=run)
+            _NO_ROWS_CACHE[key] = False
+        except (ValueError, OSError) as exc:  # importers.ImportFormatError among them
+            _NO_ROWS_CACHE[key] = _NO_ROWS in str(exc)
+    return _NO_ROWS_CACHE[key]
 
 
 # --- growable step table ----------------------------------------------------------------------
@@ -697,6 +670,9 @@ VERDICT_BADGE: dict[str, str] = {
 #: A run whose files changed keeps its verdict this long before it is analysed again (a live
 #: run grows every few seconds; its header and charts have their own, newer analysis).
 VERDICT_REFRESH_S = 30.0
+#: Guards the shared state below (_VERDICTS, _BACKGROUND, _VERDICT_COST, _DEFERRED): every
+#: browser session of the server runs its page in a thread of its own.
+_STATE_LOCK = threading.RLock()
 #: path -> (stat, time, verdict, the analysis behind it until a LiveRun takes it, or None)
 _VERDICTS: dict[str, tuple[tuple[float, int], float, Any, Any]] = {}
 
@@ -713,37 +689,41 @@ def run_verdict(target: Target) -> Any:
         key = (0.0, -1)
     now = time.monotonic()
     path = target.key
-    pending = _BACKGROUND.get(path)
-    hit = _VERDICTS.get(path)
-    if pending is not None:
-        if not pending[1].done():  # the verdict before, while a new one is being made
+    with _STATE_LOCK:  # (every browser session runs in its own thread of the server)
+        pending = _BACKGROUND.get(path)
+        hit = _VERDICTS.get(path)
+        if pending is not None:
+            if not pending[1].done():  # the verdict before, while a new one is being made
+                return hit[2] if hit is not None else _pending_verdict(target)
+            del _BACKGROUND[path]
+            _VERDICT_COST[path] = now - pending[2]
+            try:
+                verdict, analysis = pending[1].result()
+            except Exception as exc:  # the worker process died (out of memory): said, not raised
+                verdict = triage.RunVerdict(
+                    target.name,
+                    str(target.path),
+                    "unreadable",
+                    error=f"background analysis failed: {exc}",
+                )
+                analysis = None
+            verdict.name = target.name
+            _VERDICTS[path] = (pending[0], now, verdict, analysis)
+            return verdict
+        # a run that grows is analysed again at most every VERDICT_REFRESH_S, and a long one at
+        # most every VERDICT_COST_FACTOR times its last analysis (the worker busy 10% at most)
+        refresh = max(VERDICT_REFRESH_S, VERDICT_COST_FACTOR * _VERDICT_COST.get(path, 0.0))
+        if hit is not None and (hit[0] == key or now - hit[1] < refresh):
+            return hit[2]
+        if key[1] >= BACKGROUND_BYTES:  # a long run: the page draws while a worker analyses it
+            _DEFERRED[path] = (key, target)  # (handed to the worker by start_background)
             return hit[2] if hit is not None else _pending_verdict(target)
-        del _BACKGROUND[path]
-        _VERDICT_COST[path] = now - pending[2]
-        try:
-            verdict, analysis = pending[1].result()
-        except Exception as exc:  # the worker process died (out of memory): said, not raised
-            verdict = triage.RunVerdict(
-                target.name,
-                str(target.path),
-                "unreadable",
-                error=f"background analysis failed: {exc}",
-            )
-            analysis = None
-        verdict.name = target.name
-        _VERDICTS[path] = (pending[0], now, verdict, analysis)
-        return verdict
-    # a run that grows is analysed again at most every VERDICT_REFRESH_S, and a long one at most
-    # every VERDICT_COST_FACTOR times its last analysis (the worker busy 10% of the time at most)
-    refresh = max(VERDICT_REFRESH_S, VERDICT_COST_FACTOR * _VERDICT_COST.get(path, 0.0))
-    if hit is not None and (hit[0] == key or now - hit[1] < refresh):
-        return hit[2]
-    if key[1] >= BACKGROUND_BYTES:  # a long run: the page draws while a worker analyses it
-        _DEFERRED[path] = (key, target)  # (handed to the worker by start_background)
-        return hit[2] if hit is not None else _pending_verdict(target)
+    # a short run: analysed here, outside the lock (another session may do the same meanwhile;
+    # the last to finish is kept, both the same verdict)
     verdict, analysis = triage.analyse_one(target.path, target.path.parent, target.run)
     verdict.name = target.name
-    _VERDICTS[path] = (key, now, verdict, analysis)
+    with _STATE_LOCK:
+        _VERDICTS[path] = (key, now, verdict, analysis)
     return verdict
 
 
@@ -769,6 +749,11 @@ def start_background(lives: Sequence[LiveRun]) -> None:
     files. Each shown run then waits for that one analysis (it serves the picker too)."""
     if not _DEFERRED:
         return
+    with _STATE_LOCK:
+        _start_deferred(lives)
+
+
+def _start_deferred(lives: Sequence[LiveRun]) -> None:
     from lld_monitor.analysis import triage
 
     shown = {live.target.key: live for live in lives}
@@ -841,14 +826,16 @@ def _pending_verdict(target: Target) -> Any:
 
 def verdict_future(target: Target) -> concurrent.futures.Future | None:
     """The background analysis of ``target`` still under way, or None."""
-    pending = _BACKGROUND.get(target.key)
+    with _STATE_LOCK:
+        pending = _BACKGROUND.get(target.key)
     return pending[1] if pending is not None and not pending[1].done() else None
 
 
 def background_pending() -> int:
     """How many background analyses are under way or waiting to start (the page polls until
     none is)."""
-    return len(_DEFERRED) + sum(not p[1].done() for p in _BACKGROUND.values())
+    with _STATE_LOCK:
+        return len(_DEFERRED) + sum(not p[1].done() for p in _BACKGROUND.values())
 
 
 def take_verdict_analysis(target: Target, rows: int, last_step: float) -> Any:
@@ -857,10 +844,11 @@ def take_verdict_analysis(target: Target, rows: int, last_step: float) -> Any:
     over once (the first render analyses a run once, not for the picker and again for the
     charts)."""
     path = target.key
-    hit = _VERDICTS.get(path)
-    if hit is None or hit[3] is None:
-        return None
-    _VERDICTS[path] = (*hit[:3], None)
+    with _STATE_LOCK:
+        hit = _VERDICTS.get(path)
+        if hit is None or hit[3] is None:
+            return None
+        _VERDICTS[path] = (*hit[:3], None)
     verdict = hit[2]
     if verdict.rows != rows or verdict.last_step is None or verdict.last_step != last_step:
         return None
