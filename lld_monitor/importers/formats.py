@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -238,7 +239,7 @@ def _full(path: Path, head: Head | None) -> Head:
 
 #: Fields that say what kind of record a JSON line is (``{"type": "train", ...}`` next to
 #: ``{"type": "eval", ...}``); a record of an evaluation kind (``parts.EVAL_TYPES``) is kept apart.
-_RECORD_KIND_KEYS = ("type", "split", "mode")
+_RECORD_KIND_KEYS = ("type", "split", "mode", "kind", "event", "stage", "phase", "tag")
 
 
 def _flat(rec: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
@@ -260,10 +261,10 @@ def _metric_record(rec: Mapping[str, Any]) -> Mapping[str, Any]:
     _flat(rec, "", flat)
     if not kinds:
         return flat
-    kind = str(rec[kinds[0]]).strip().lower()
+    words = set(re.findall(r"[a-z]+", str(rec[kinds[0]]).lower()))  # ("eval_end", "val-step")
     for k in kinds:
         flat.pop(k, None)
-    if kind not in EVAL_TYPES:
+    if not words & EVAL_TYPES:
         return flat
     keep = {C.STEP, C.TIME}
     return {

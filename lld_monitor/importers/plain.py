@@ -48,6 +48,8 @@ _REWARDS_RE = re.compile(
 )
 #: ``eval_acc``, ``val/reward``, ``test-acc``: an evaluation metric by its key
 _EVAL_KEY_RE = re.compile(r"(?i)^(?:eval|val|valid|validation|test)(?:[_/.-])(.+)$")
+#: ``rollout/accuracy``, ``train_reward``: a training metric by its key
+_TRAIN_KEY_RE = re.compile(r"(?i)^(?:rollout|train|training)(?:[_/.-])(.+)$")
 
 
 def _number(token: str) -> float | None:
@@ -90,20 +92,39 @@ def _is_eval_label(text: str) -> bool:
     return any(w.lower() in _EVAL_WORDS for w in _WORD_RE.findall(text))
 
 
+def _metric_name(qualifier: str, key: str) -> tuple[str, bool] | None:
+    """(the metric's name, whether it is an eval metric) of a field, or None when it names no
+    known metric. Tried: the key as printed, in lower case, and joined to its qualifier word
+    (``Grad Norm`` -> ``grad_norm``); ``eval_`` / ``val/`` / ``test-`` keys are eval,
+    ``rollout/`` / ``train_`` keys training; a qualifier word eval / val / test makes it eval."""
+    q = qualifier.strip()
+    names = [key, key.lower()] + ([f"{q}_{key}".lower()] if q else [])
+    for name in names:
+        ev = _EVAL_KEY_RE.match(name)
+        if ev is not None:
+            if _is_metric(ev.group(1)):
+                return ev.group(1), True
+            continue
+        tr = _TRAIN_KEY_RE.match(name)
+        if tr is not None and _is_metric(tr.group(1)):
+            return tr.group(1), False
+        if _is_metric(name):
+            joined = bool(q) and name == names[-1]  # (the qualifier is part of the name)
+            return name, bool(q) and not joined and _is_eval_label(q)
+    return None
+
+
 def _row(body: str, label: str, line: str) -> dict[str, Any]:
     """The known metrics of one line (``body``: its text after the step), eval ones as
     ``eval/<key>``: by the line's label or ``[tag]``, a field's qualifier word, or the key."""
     line_eval = _is_eval_label(label) or _is_eval_label("".join(re.findall(r"\[([^\]]*)\]", line)))
     row: dict[str, Any] = {}
     for qualifier, key, value in _pairs(body):
-        ev = _EVAL_KEY_RE.match(key)
-        if ev is not None:
-            name, is_eval = ev.group(1), True
-        else:
-            name, is_eval = key, line_eval or _is_eval_label(qualifier)
-        if not _is_metric(name) and not (is_eval and _is_metric(key)):
+        found = _metric_name(qualifier, key)
+        if found is None:
             continue
-        row[f"eval/{name}" if is_eval else name] = value
+        name, is_eval = found
+        row[f"eval/{name}" if (is_eval or line_eval) else name] = value
     return row
 
 
@@ -175,7 +196,7 @@ def sniff_plain(text: str) -> bool:
         m = _STEP_RE.search(line)
         if m is None:
             continue
-        if any(_is_metric(k) or _EVAL_KEY_RE.match(k) for _, k, _ in _pairs(line[m.end() :])):
+        if any(_metric_name(q, k) is not None for q, k, _ in _pairs(line[m.end() :])):
             hits += 1
             if hits >= 2:
                 return True

@@ -76,13 +76,22 @@ def test_nested_json_records_are_flattened(tmp_path):
     assert set(df[C.LEARNING_RATE]) == {1e-5}
 
 
-@pytest.mark.parametrize("field", ["type", "split", "mode"])
-def test_typed_records_never_mix_train_and_eval(tmp_path, field):
+@pytest.mark.parametrize(
+    ("field", "train", "evaluation"),
+    [
+        ("type", "train", "eval"),
+        ("split", "train", "validation"),
+        ("mode", "rollout", "test"),
+        ("event", "train_step", "eval_end"),
+        ("kind", "training", "val-step"),
+    ],
+)
+def test_typed_records_never_mix_train_and_eval(tmp_path, field, train, evaluation):
     records = []
     for s in range(1, 31):
-        records.append({field: "train", "step": s, "reward": 0.01 * s, "accuracy": 0.02 * s})
+        records.append({field: train, "step": s, "reward": 0.01 * s, "accuracy": 0.02 * s})
         if s % 10 == 0:
-            records.append({field: "eval", "step": s, "reward": 0.99, "accuracy": 0.97})
+            records.append({field: evaluation, "step": s, "reward": 0.99, "accuracy": 0.97})
     records.append({field: "config", "lr": 1e-6})  # no training metric: not a row
     path = _jsonl(tmp_path / "log.jsonl", records)
     df = load_table(path)
@@ -135,6 +144,30 @@ def test_plain_loop_prints_keep_eval_and_rollout_accuracy_apart(tmp_path):
     assert list(ev[C.STEP]) == [1, 3, 4, 5]
     assert ev["eval/acc"].tolist()[0] == 0.55 and ev["eval/accuracy"].tolist()[1] == 0.57
     assert ev["eval/acc"].tolist()[2:] == [0.58, 0.59]
+
+
+def test_plain_prints_with_words_for_names(tmp_path):
+    # capitalised names, a qualifier joined to its key, rollout/ and eval/ prefixes
+    path = tmp_path / "loop.log"
+    path.write_text(
+        "Epoch 1 | Step 10 | Train Acc: 0.40 | Val Acc: 0.55 | Grad Norm: 0.8 | "
+        "Learning Rate: 1e-6\n"
+        "Epoch 1 | Step 20 | Train Acc: 0.45 | Val Acc: 0.56 | Grad Norm: 0.9 | "
+        "Learning Rate: 1e-6\n"
+        "[Step 30] rollout/accuracy: 0.50 | rollout/reward: 0.52\n"
+        "[Step 30] eval/accuracy: 0.60\n"
+        "step=40 acc=0.55 val_acc=0.61 Reward=0.6\n"
+    )
+    df = load_table(path)
+    assert list(df[C.STEP]) == [10, 20, 30, 40]
+    assert df[C.ACCURACY].tolist() == [0.40, 0.45, 0.50, 0.55]
+    assert df[C.GRAD_NORM].tolist()[:2] == [0.8, 0.9]
+    assert df[C.LEARNING_RATE].tolist()[:2] == [1e-6, 1e-6]
+    assert df[C.REWARD_MEAN].tolist()[2:] == [0.52, 0.6]
+    ev = load_eval_table(path)
+    assert list(ev[C.STEP]) == [10, 20, 30, 40]
+    assert ev["eval/acc"].tolist()[:2] == [0.55, 0.56] and ev["eval/acc"].tolist()[3] == 0.61
+    assert ev["eval/accuracy"].tolist()[2] == 0.60
 
 
 def test_plain_logs_appended_are_runs(tmp_path):
