@@ -8,7 +8,7 @@ refresh after 100 new rows.
 The run is a SIMULATED collapsing run (``lld_monitor.testing``) written by ``RunWriter``. A render
 is one full script run of ``dashboard/app.py`` through Streamlit's ``AppTest`` (reading the run,
 the offline analysis, the plotly figure, the tables: everything but the browser's drawing); a run
-of ``sources.BACKGROUND_BYTES`` or more is analysed in a worker process, so its first render has
+of ``service.BACKGROUND_BYTES`` or more is analysed in a worker process, so its first render has
 the charts and a second one, once the worker is done, the analysis too (both timed). The
 refresh appends 100 rows to the run log, then reruns; its cost must not grow with the run's
 length (the reader reads only the new rows, the analysis is not redone for them, the charts are
@@ -74,18 +74,18 @@ class AppUnderTest:
 
     def first_render(self) -> tuple[float, float]:
         """(seconds to the first render, seconds until the analysis is shown too). A long run
-        (``sources.BACKGROUND_BYTES``) is analysed in a worker process: its first render has
+        (``service.BACKGROUND_BYTES``) is analysed in a worker process: its first render has
         the charts, and a rerun once the worker is done adds the phases, alerts and verdict
         (in a browser the page polls every ``POLL_S``; here the rerun follows at once)."""
-        from lld_monitor.report.dashboard import sources
+        from lld_monitor.report.dashboard import service
 
         sys.argv = self.argv
         t0 = time.perf_counter()
         self.at.run()
         first = time.perf_counter() - t0
         _check(self.at, self.rows)
-        if sources.background_pending():
-            while sources.background_pending():
+        if service.background_pending():
+            while service.background_pending():
                 time.sleep(0.02)
             self.at.run()
             _check(self.at, self.rows)
@@ -180,9 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         warm = write_long_run(tmp / "warm" / "sim", 200)
         writers.append(warm)
         AppUnderTest(tmp / "warm", warm, 200).first_render()
-        from lld_monitor.report.dashboard import sources
+        from lld_monitor.report.dashboard import service
 
-        sources._background_pool().submit(int).result()  # the worker's start, not reported
+        service._background_pool().submit(int).result()  # the worker's start, not reported
         apps: dict[int, AppUnderTest] = {}
         for n in args.steps:
             root = tmp / f"root{n}"

@@ -26,7 +26,7 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest
 
 from lld_monitor.report import charts
-from lld_monitor.report.dashboard import sources
+from lld_monitor.report.dashboard import service, sources
 from lld_monitor.report.dashboard import tokens as tok
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
@@ -117,7 +117,7 @@ def wait_background(seconds: float = 30.0) -> None:
     import time
 
     deadline = time.monotonic() + seconds
-    while sources.background_pending() and time.monotonic() < deadline:
+    while service.background_pending() and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -1097,27 +1097,27 @@ def test_the_first_render_takes_the_pickers_analysis_of_the_same_rows(tmp_path: 
 
     w = write_run(tmp_path / "run", 40, close=False)
     target = sources.Target("run", (tmp_path / "run").resolve(), "run")
-    sources._VERDICTS.pop(str(target.path), None)
-    verdict = sources.run_verdict(target)
-    handed = sources._VERDICTS[str(target.path)][3]
+    service._VERDICTS.pop(str(target.path), None)
+    verdict = service.run_verdict(target)
+    handed = service._VERDICTS[str(target.path)][3]
     assert verdict.rows == 40 and handed is not None
     live = sources.LiveRun(target)
     live.refresh()
     live.ensure_analysis()
     assert live.analysis is handed  # the same object: no second analysis
     assert live.analysis.to_dict() == analyze_run(live.steps).to_dict()
-    assert sources._VERDICTS[str(target.path)][3] is None  # handed over once
+    assert service._VERDICTS[str(target.path)][3] is None  # handed over once
 
     # the run grew after its verdict: the follower analyses what it read itself
-    sources._VERDICTS.pop(str(target.path), None)
-    sources.run_verdict(target)
+    service._VERDICTS.pop(str(target.path), None)
+    service.run_verdict(target)
     for s in range(40, 45):
         w.log_step(step_row(s))
     grown = sources.LiveRun(target)
     grown.refresh()
     grown.ensure_analysis()
     assert grown.n_rows == 45 and grown.analysis is not None
-    assert grown.analysis is not sources._VERDICTS[str(target.path)][3]
+    assert grown.analysis is not service._VERDICTS[str(target.path)][3]
     assert grown.analysis.phases[-1].end_step == 44
     w.close()
 
@@ -1161,9 +1161,9 @@ def test_a_long_run_draws_at_once_and_its_analysis_follows(
     write_sim(make_run("collapse", 400, seed=0), tmp_path / "long")
     expected = triage_one(tmp_path / "long", tmp_path)
     assert expected.verdict == "collapsed"
-    monkeypatch.setattr(sources, "BACKGROUND_BYTES", 1)  # every run counts as long
-    monkeypatch.setattr(sources, "_BACKGROUND", {})
-    monkeypatch.setattr(sources, "_VERDICTS", {})
+    monkeypatch.setattr(service, "BACKGROUND_BYTES", 1)  # every run counts as long
+    monkeypatch.setattr(service, "_BACKGROUND", {})
+    monkeypatch.setattr(service, "_VERDICTS", {})
     at = make_app(monkeypatch, tmp_path).run()
     assert not at.exception
     assert at.multiselect[0].options == ["⏳ long · analysing"]
@@ -1172,7 +1172,7 @@ def test_a_long_run_draws_at_once_and_its_analysis_follows(
     assert len(spec["data"]) > 0
     assert not [s for s in spec["layout"].get("shapes", []) if s.get("type") == "rect"]
     wait_background()
-    assert sources.background_pending() == 0
+    assert service.background_pending() == 0
     at.run()
     assert not at.exception
     label = at.multiselect[0].options[0]
@@ -1197,13 +1197,13 @@ def test_a_worker_that_dies_leaves_a_reason_not_a_broken_page(
     from lld_monitor.testing import write_run as write_sim
 
     write_sim(make_run("collapse", 30_000, seed=0), tmp_path / "a")
-    monkeypatch.setattr(sources, "BACKGROUND_BYTES", 1)
-    monkeypatch.setattr(sources, "_BACKGROUND", {})
-    monkeypatch.setattr(sources, "_DEFERRED", {})
-    monkeypatch.setattr(sources, "_VERDICTS", {})
+    monkeypatch.setattr(service, "BACKGROUND_BYTES", 1)
+    monkeypatch.setattr(service, "_BACKGROUND", {})
+    monkeypatch.setattr(service, "_DEFERRED", {})
+    monkeypatch.setattr(service, "_VERDICTS", {})
     at = make_app(monkeypatch, tmp_path).run()
     assert at.multiselect[0].options == ["⏳ a · analysing"]
-    pool = sources._background_pool()
+    pool = service._background_pool()
     for _ in range(100):  # the worker process is up once the run is handed over
         if pool._processes:
             break
@@ -1237,10 +1237,10 @@ def test_the_run_picker_keeps_its_choice_when_a_verdict_label_changes(
 
     write_sim(make_run("collapse", 400, seed=0), tmp_path / "long")
     write_sim(make_run("healthy", 300, seed=0), tmp_path / "other")
-    monkeypatch.setattr(sources, "BACKGROUND_BYTES", 1)
-    monkeypatch.setattr(sources, "_BACKGROUND", {})
-    monkeypatch.setattr(sources, "_DEFERRED", {})
-    monkeypatch.setattr(sources, "_VERDICTS", {})
+    monkeypatch.setattr(service, "BACKGROUND_BYTES", 1)
+    monkeypatch.setattr(service, "_BACKGROUND", {})
+    monkeypatch.setattr(service, "_DEFERRED", {})
+    monkeypatch.setattr(service, "_VERDICTS", {})
     at = make_app(monkeypatch, tmp_path, query="long").run()
     stale = at.multiselect[0].options
     assert "⏳ long · analysing" in stale and at.multiselect[0].value == ["long"]
@@ -1266,34 +1266,34 @@ def test_a_long_runs_verdict_stays_while_a_new_one_is_made_and_is_throttled(
 
     write_sim(make_run("collapse", 400, seed=0), tmp_path / "long")
     log = tmp_path / "long" / "steps.jsonl"
-    monkeypatch.setattr(sources, "BACKGROUND_BYTES", 1)
-    monkeypatch.setattr(sources, "VERDICT_REFRESH_S", 0.0)
-    monkeypatch.setattr(sources, "VERDICT_COST_FACTOR", 0.0)
+    monkeypatch.setattr(service, "BACKGROUND_BYTES", 1)
+    monkeypatch.setattr(service, "VERDICT_REFRESH_S", 0.0)
+    monkeypatch.setattr(service, "VERDICT_COST_FACTOR", 0.0)
     for name in ("_BACKGROUND", "_DEFERRED", "_VERDICTS", "_VERDICT_COST"):
-        monkeypatch.setattr(sources, name, {})
+        monkeypatch.setattr(service, name, {})
     at = make_app(monkeypatch, tmp_path).run()
     assert at.multiselect[0].options == ["⏳ long · analysing"]
     wait_background()
     at.run()
     first = at.multiselect[0].options
     assert first[0].startswith("🔴 long · collapsed")
-    assert sources._VERDICT_COST[str(tmp_path / "long")] > 0.0
+    assert service._VERDICT_COST[str(tmp_path / "long")] > 0.0
     path = str(tmp_path / "long")
     t = log.stat().st_mtime + 5.0
     os.utime(log, (t, t))  # the run's files changed: a new verdict is made
     at.run()
-    assert path in sources._BACKGROUND  # handed to the worker
+    assert path in service._BACKGROUND  # handed to the worker
     assert at.multiselect[0].options == first  # the verdict before, not "analysing"
     wait_background()
     at.run()
     assert at.multiselect[0].options == first  # (the same rows: the same verdict)
     # throttled: the last analysis took c seconds; within VERDICT_COST_FACTOR * c, none again
-    monkeypatch.setattr(sources, "VERDICT_COST_FACTOR", 1e6)
+    monkeypatch.setattr(service, "VERDICT_COST_FACTOR", 1e6)
     os.utime(log, (t + 5.0, t + 5.0))
-    made = sources._VERDICTS[path][1]  # when the verdict was taken
+    made = service._VERDICTS[path][1]  # when the verdict was taken
     at.run()
-    assert path not in sources._BACKGROUND and not sources._DEFERRED  # not analysed again
-    assert sources._VERDICTS[path][1] == made
+    assert path not in service._BACKGROUND and not service._DEFERRED  # not analysed again
+    assert service._VERDICTS[path][1] == made
     assert at.multiselect[0].options == first
 
 
@@ -1310,10 +1310,10 @@ def test_two_sessions_opening_long_runs_at_once(
 
     for i, kind in enumerate(("collapse", "healthy", "collapse")):
         write_sim(make_run(kind, 3000, seed=i), tmp_path / f"long{i}")
-    monkeypatch.setattr(sources, "BACKGROUND_BYTES", 1)  # every run counts as long
-    monkeypatch.setattr(sources, "_BACKGROUND", {})
-    monkeypatch.setattr(sources, "_VERDICTS", {})
-    monkeypatch.setattr(sources, "_DEFERRED", {})
+    monkeypatch.setattr(service, "BACKGROUND_BYTES", 1)  # every run counts as long
+    monkeypatch.setattr(service, "_BACKGROUND", {})
+    monkeypatch.setattr(service, "_VERDICTS", {})
+    monkeypatch.setattr(service, "_DEFERRED", {})
     monkeypatch.setattr(sys, "argv", ["app.py", str(tmp_path)])
     start = threading.Barrier(2)
     results: dict[int, object] = {}
@@ -1372,7 +1372,7 @@ def test_a_foreign_log_is_parsed_once_on_the_first_render(
 
     monkeypatch.setattr(load, "_load_table", counting)
     monkeypatch.setattr(load, "_TABLES", {})
-    monkeypatch.setattr(sources, "_VERDICTS", {})
+    monkeypatch.setattr(service, "_VERDICTS", {})
     at = make_app(monkeypatch, tmp_path).run()
     assert not at.exception
     assert option_names(at) == ["trainer_state.json"]

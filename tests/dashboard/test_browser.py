@@ -492,18 +492,18 @@ def test_charts_draw_the_truth_in_chromium(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed (make browser)")
 def test_long_run_draws_first_and_its_verdict_follows_in_chromium(tmp_path: Path) -> None:
-    """A run past ``sources.BACKGROUND_BYTES`` (25k rows, about 10 MB): the page shows its
+    """A run past ``service.BACKGROUND_BYTES`` (25k rows, about 10 MB): the page shows its
     charts while the picker says "analysing", then, with no click, the verdict of the worker's
     analysis (the one ``lld-monitor analyze`` gives) replaces it and the note goes."""
     from lld_monitor.analysis.triage import triage_one
-    from lld_monitor.report.dashboard import sources
+    from lld_monitor.report.dashboard import service, sources
     from lld_monitor.testing import make_run
     from lld_monitor.testing import write_run as write_sim
 
     root = tmp_path / "runs"
     write_sim(make_run("collapse", 25_000, seed=0), root / "long")
     size = sum(p.stat().st_size for p in (root / "long").rglob("*") if p.is_file())
-    assert size >= sources.BACKGROUND_BYTES, size
+    assert size >= service.BACKGROUND_BYTES, size
     expected = triage_one(root / "long", root)  # what `lld-monitor analyze ROOT` says
     label = f"{sources.VERDICT_BADGE[expected.verdict]} long · {expected.verdict}"
     with _serve(root) as url, _chromium_page(url, viewport={"width": 1400, "height": 1200}) as page:

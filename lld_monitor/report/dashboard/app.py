@@ -18,7 +18,7 @@ import streamlit as st
 
 from lld_monitor import columns as C
 from lld_monitor.report import charts
-from lld_monitor.report.dashboard import sources
+from lld_monitor.report.dashboard import service, sources
 from lld_monitor.report.dashboard import tokens as tok
 
 #: Rows shown in the table tab at most (the CSV export holds every row of the range).
@@ -113,7 +113,7 @@ def select_runs(scope: sources.Scope) -> list[sources.Target]:
         requested_names.append(target.name)
     by_name = {t.name: t for t in (*scope.targets, *extra)}
     # each run's triage verdict (lld-monitor analyze DIR), its badge, and the worst first
-    verdicts = {n: sources.run_verdict(t) for n, t in by_name.items()}
+    verdicts = {n: service.run_verdict(t) for n, t in by_name.items()}
     names = sources.verdict_order(names, verdicts)
     key = "lld_runs"
     kept = st.session_state.get(f"{key}:kept")
@@ -424,7 +424,7 @@ def main_view(args: sources.AppArgs, settings: dict[str, object]) -> None:
                 "fired live are already shown)."
             )
         readable.append(live)
-    sources.start_background(live_runs)  # long runs: analysed by the worker from here on
+    service.start_background(live_runs)  # long runs: analysed by the worker from here on
     if not readable:
         return
     step_range = select_range(readable)
@@ -502,7 +502,7 @@ def main() -> None:
     }
     view = st.fragment(main_view, run_every=float(refresh_s) if live_on else None)
     view(args, settings)
-    if sources.background_pending():  # a long run's first analysis: redraw when it is done
+    if service.background_pending():  # a long run's first analysis: redraw when it is done
         st.fragment(_await_background, run_every=POLL_S)()
 
 
@@ -512,7 +512,7 @@ POLL_S = 1.0
 
 def _await_background() -> None:
     """Rerun the whole page once no background analysis is under way any more."""
-    if not sources.background_pending():
+    if not service.background_pending():
         st.rerun()
 
 
