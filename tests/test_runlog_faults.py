@@ -89,7 +89,9 @@ class FakeDisk:
 @pytest.fixture
 def disk(monkeypatch: pytest.MonkeyPatch) -> FakeDisk:
     d = FakeDisk()
-    monkeypatch.setattr(runlog, "open", d.open, raising=False)
+    # (the writer's appends, and the atomic writes of meta.json / closed.json)
+    monkeypatch.setattr(runlog.writer, "open", d.open, raising=False)
+    monkeypatch.setattr(runlog.common, "open", d.open, raising=False)
     return d
 
 
@@ -219,7 +221,7 @@ def test_every_failure_episode_is_reported_and_the_warnings_are_rate_limited(
     assert str(tmp_path / "limited" / STEPS_FILE) in cannot[0].getMessage()
 
     caplog.clear()
-    monkeypatch.setattr(runlog, "WRITE_WARNING_EVERY_S", 0.0)
+    monkeypatch.setattr(runlog.writer, "WRITE_WARNING_EVERY_S", 0.0)
     with caplog.at_level(logging.WARNING, logger="lld_monitor"):
         three_episodes(tmp_path / "unlimited")
     cannot = [r for r in caplog.records if "cannot write" in r.getMessage()]
