@@ -124,7 +124,7 @@ def load_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
     (a shallow copy; pandas copies on write) with its own attrs.
     """
     path = Path(path)
-    key = _table_key(path, run)
+    key = _file_key(path, run, _TABLES_MAX_BYTES)
     with _TABLES_LOCK:
         hit = _TABLES.get(key) if key is not None else None
     if hit is None:
@@ -139,23 +139,25 @@ def load_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
     return out
 
 
-def _table_key(path: Path, run: str | None) -> tuple[str, str | None, int, int, int] | None:
+def _file_key(
+    path: Path, extra: str | None, max_bytes: int
+) -> tuple[str, str | None, int, int, int] | None:
+    """What a cache knows a file's content by: (path, ``extra``, mtime_ns, size, a hash of its
+    first and last 256 bytes); None for a folder, a file over ``max_bytes``, an unreadable one.
+    (A file rewritten to the same size within one tick of the clock: its ends differ.)"""
     try:
         if not path.is_file():
             return None  # (a folder: its files change without its own mtime changing)
         st = path.stat()
-    except OSError:
-        return None
-    if st.st_size > _TABLES_MAX_BYTES:
-        return None
-    try:  # (a file rewritten to the same size within one tick of the clock: its ends differ)
+        if st.st_size > max_bytes:
+            return None
         with path.open("rb") as fh:
             ends = fh.read(256)
             fh.seek(max(0, st.st_size - 256))
             ends += fh.read(256)
     except OSError:
         return None
-    return (str(path.resolve()), run, st.st_mtime_ns, st.st_size, hash(ends))
+    return (str(path.resolve()), extra, st.st_mtime_ns, st.st_size, hash(ends))
 
 
 def _read_raw(path: Path, run: str | None) -> tuple[Format, pd.DataFrame, str]:
@@ -237,26 +239,25 @@ def load_eval_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame
     return out
 
 
-#: (path, mtime_ns, size, format) -> the runs of an appendable log, for the last few read:
+#: ``_file_key`` (path, format, ...) -> the runs of an appendable log, for the last few read:
 #: listing a file's runs and reading one of them parse it once.
-_RUNS_CACHE: dict[tuple[str, int, int, str], list[tuple[pd.DataFrame, str]]] = {}
+_RUNS_CACHE: dict[tuple[str, str | None, int, int, int], list[tuple[pd.DataFrame, str]]] = {}
 _RUNS_CACHE_SIZE = 4
 _RUNS_CACHE_MAX_BYTES = 64 << 20
 
 
 def _runs_of(path: Path, fmt: Format, head: Head | None) -> list[tuple[pd.DataFrame, str]]:
-    try:
-        st = path.stat()
-        key = (str(path), st.st_mtime_ns, st.st_size, fmt.name)
-    except OSError:
-        key = None
-    if key is not None and key in _RUNS_CACHE:
-        return _RUNS_CACHE[key]
+    key = _file_key(path, fmt.name, _RUNS_CACHE_MAX_BYTES)
+    with _TABLES_LOCK:  # (the dashboard's sessions read logs from threads of their own)
+        runs = _RUNS_CACHE.get(key) if key is not None else None
+    if runs is not None:
+        return runs
     runs = fmt.read_runs(path, head)
-    if key is not None and key[2] <= _RUNS_CACHE_MAX_BYTES:
-        while len(_RUNS_CACHE) >= _RUNS_CACHE_SIZE:
-            _RUNS_CACHE.pop(next(iter(_RUNS_CACHE)))
-        _RUNS_CACHE[key] = runs
+    if key is not None:
+        with _TABLES_LOCK:
+            while _RUNS_CACHE and len(_RUNS_CACHE) >= _RUNS_CACHE_SIZE:
+                _RUNS_CACHE.pop(next(iter(_RUNS_CACHE)))
+            _RUNS_CACHE[key] = runs
     return runs
 
 
