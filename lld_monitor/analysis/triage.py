@@ -24,6 +24,7 @@ from lld_monitor.importers.catalog import (
     entry_name,
     is_folder_of_runs,
 )
+from lld_monitor.importers.load import NO_ROWS as _NO_ROWS  # (load_table's message)
 
 __all__ = [
     "LOG_SUFFIXES",
@@ -49,7 +50,6 @@ VERDICTS: tuple[str, ...] = (
     "summary",
     "skipped",
 )
-_NO_ROWS = "found no training rows with a known metric"  # (load_table's message)
 
 
 @dataclass

@@ -53,9 +53,6 @@ class CatalogEntry:
 
 def catalog(root: Path) -> tuple[list[CatalogEntry], list[str]]:
     """The runs under folder ``root`` (sorted by name) and the problems met while looking."""
-    from lld_monitor.importers.load import runs_in_file
-    from lld_monitor.runlog import META_FILE, is_run_dir
-
     problems: list[str] = []
     paths = candidates(root)
     if len(paths) > MAX_ENTRIES:
@@ -65,17 +62,29 @@ def catalog(root: Path) -> tuple[list[CatalogEntry], list[str]]:
         paths = paths[:MAX_ENTRIES]
     out: list[CatalogEntry] = []
     for path in paths:
-        name = entry_name(path, root)
-        if path.is_dir():
-            ours = is_run_dir(path) or (path / META_FILE).is_file()
-            out.append(CatalogEntry(name, path, None, "run" if ours else "foreign"))
-            continue
-        inner = runs_in_file(path)
-        if len(inner) > 1:
-            out += [CatalogEntry(entry_name(path, root, r), path, r) for r in inner]
-        else:
-            out.append(CatalogEntry(name, path))
+        out += entries_of(path, entry_name(path, root))
     return sorted(out, key=lambda e: e.name), problems
+
+
+def entries_of(path: Path, name: str) -> list[CatalogEntry]:
+    """The runs of one path called ``name``: an lld_monitor run folder (kind "run"), any other
+    log, or one entry per run of a file that holds several (``NAME [RUN]``)."""
+    from lld_monitor.importers.load import runs_in_file
+
+    if path.is_dir():
+        return [CatalogEntry(name, path, None, "run" if is_our_run(path) else "foreign")]
+    inner = runs_in_file(path) if path.is_file() else []
+    if len(inner) > 1:
+        return [CatalogEntry(f"{name} [{r}]", path, r) for r in inner]
+    return [CatalogEntry(name, path)]
+
+
+def is_our_run(path: Path) -> bool:
+    """An lld_monitor run folder, or one that claims to be (its ``meta.json``: a summary, a
+    half-written run; its reader says what is amiss)."""
+    from lld_monitor.runlog import META_FILE, is_run_dir
+
+    return is_run_dir(path) or (path / META_FILE).is_file()
 
 
 def candidates(root: Path) -> list[Path]:
@@ -149,7 +158,7 @@ def _entries(folder: Path, found: dict[Path, Path], depth: int) -> None:
 
 def entry_name(path: Path, root: Path, run: str | None = None) -> str:
     """A run's name: its path relative to ``root`` with "/" (its own name when outside), and
-    `` [RUN]`` for one of the runs a file holds."""
+    `` [RUN]`` for one of the runs a file holds (as ``entries_of`` names them)."""
     try:
         rel = path.relative_to(root).as_posix()
     except ValueError:

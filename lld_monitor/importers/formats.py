@@ -287,23 +287,16 @@ def _read_records(
 
 
 def _read_printed(text: str) -> tuple[pd.DataFrame, str]:
-    found = _printed_dicts_at(text)
-    training = [
-        (pos, d) for pos, d in found if not _is_summary(d) and any(map(_is_training_key, d))
-    ]
-    steps, source, how = console_steps(text, training)
-    rows = [{**d, C.STEP: step} for (_, d), step in zip(training, steps)]
-    frame = _frame(rows)
-    frame.attrs["step_note"] = how
-    return frame, source
+    """Every training dict of ``text`` as one run (a notebook's printed dicts)."""
+    return _read_printed_runs(text, split=False)[0]
 
 
-def _read_printed_runs(text: str) -> list[tuple[pd.DataFrame, str]]:
+def _read_printed_runs(text: str, *, split: bool = True) -> list[tuple[pd.DataFrame, str]]:
     """The runs of a console log of printed TRL dicts, each with its own steps (``console_steps``
     on its own stretch of the text). A new run starts where the progress bar's count (else the
     dicts' epoch) goes back to the run's beginning (``parts.run_bounds``); a log with neither
     is cut after each end-of-training summary dict (``train_runtime``) that training dicts
-    follow."""
+    follow. ``split=False``: one run of every training dict."""
     training: list[tuple[int, dict[str, Any]]] = []
     cuts: set[int] = set()
     finished = False
@@ -313,15 +306,16 @@ def _read_printed_runs(text: str) -> list[tuple[pd.DataFrame, str]]:
             continue
         if not any(map(_is_training_key, d)):
             continue
-        if finished and training:
+        if finished and training and split:
             cuts.add(len(training))
         finished = False
         training.append((pos, d))
-    counters: list[float | None] = list(_bar_steps(text, [pos for pos, _ in training], None))
-    if any(c is None for c in counters):
-        counters = [_as_float(d.get("epoch")) for _, d in training]
-    if training and all(c is not None for c in counters):  # (a resumed run's counter goes on)
-        cuts = set(run_bounds([float(c) for c in counters if c is not None]))
+    if split:
+        counters = list(_bar_steps(text, [pos for pos, _ in training], None))
+        if any(c is None for c in counters):
+            counters = [_as_float(d.get("epoch")) for _, d in training]
+        if training and all(c is not None for c in counters):  # (a resumed run's counter)
+            cuts = set(run_bounds([float(c) for c in counters if c is not None]))
     edges = [0, *sorted(cuts), len(training)]
     out: list[tuple[pd.DataFrame, str]] = []
     for a, b in itertools.pairwise(edges):

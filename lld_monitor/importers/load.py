@@ -139,6 +139,11 @@ def load_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame:
     return out
 
 
+#: What ``load_table`` says of a file that reads but logs no training metric (the triage's
+#: "skipped": a config, a timing file).
+NO_ROWS = "found no training rows with a known metric"
+
+
 def _file_key(
     path: Path, extra: str | None, max_bytes: int
 ) -> tuple[str, str | None, int, int, int] | None:
@@ -163,6 +168,10 @@ def _file_key(
 def _read_raw(path: Path, run: str | None) -> tuple[Format, pd.DataFrame, str]:
     """(format, the raw table of the run asked for, its step source): one run of a file that
     holds several (``run``, else the file's own choice)."""
+    cached = _cached_runs(path)
+    if cached is not None:  # (listed before: neither detected nor parsed again)
+        fmt, runs = cached
+        return fmt, *_pick_run(path, runs, run)
     fmt, head = detect(path)
     if run is not None and not isinstance(fmt, (NotebookLog, WandbCsv)) and not fmt.appendable:
         raise ImportFormatError(
@@ -197,7 +206,7 @@ def _load_table(path: Path, run: str | None) -> pd.DataFrame:
         )
     if df.empty:
         raise ImportFormatError(
-            f"{path}: read as {fmt.description} but found no training rows with a known metric "
+            f"{path}: read as {fmt.description} but {NO_ROWS} "
             f"({', '.join(sorted(FOREIGN_NAMES[C.REWARD_MEAN]))}, grad_norm, loss, ...)"
         )
     df.attrs["source_format"] = fmt.name
@@ -239,25 +248,33 @@ def load_eval_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame
     return out
 
 
-#: ``_file_key`` (path, format, ...) -> the runs of an appendable log, for the last few read:
-#: listing a file's runs and reading one of them parse it once.
-_RUNS_CACHE: dict[tuple[str, str | None, int, int, int], list[tuple[pd.DataFrame, str]]] = {}
+#: ``_file_key`` -> (format, runs) of an appendable log, for the last few read: listing a file's
+#: runs and reading one of them detect and parse it once.
+_RUNS_CACHE: dict[
+    tuple[str, str | None, int, int, int], tuple[Format, list[tuple[pd.DataFrame, str]]]
+] = {}
 _RUNS_CACHE_SIZE = 4
 _RUNS_CACHE_MAX_BYTES = 64 << 20
 
 
+def _cached_runs(path: Path) -> tuple[Format, list[tuple[pd.DataFrame, str]]] | None:
+    """(format, runs) of an appendable log read before and unchanged since, else None."""
+    key = _file_key(path, None, _RUNS_CACHE_MAX_BYTES)
+    if key is None:
+        return None
+    with _TABLES_LOCK:
+        return _RUNS_CACHE.get(key)
+
+
 def _runs_of(path: Path, fmt: Format, head: Head | None) -> list[tuple[pd.DataFrame, str]]:
-    key = _file_key(path, fmt.name, _RUNS_CACHE_MAX_BYTES)
-    with _TABLES_LOCK:  # (the dashboard's sessions read logs from threads of their own)
-        runs = _RUNS_CACHE.get(key) if key is not None else None
-    if runs is not None:
-        return runs
+    """The runs of an appendable log (``fmt.read_runs``), kept for the next reader."""
     runs = fmt.read_runs(path, head)
+    key = _file_key(path, None, _RUNS_CACHE_MAX_BYTES)
     if key is not None:
-        with _TABLES_LOCK:
+        with _TABLES_LOCK:  # (the dashboard's sessions read logs from threads of their own)
             while _RUNS_CACHE and len(_RUNS_CACHE) >= _RUNS_CACHE_SIZE:
                 _RUNS_CACHE.pop(next(iter(_RUNS_CACHE)))
-            _RUNS_CACHE[key] = runs
+            _RUNS_CACHE[key] = (fmt, runs)
     return runs
 
 
@@ -315,8 +332,12 @@ def runs_in_file(path: Path) -> list[str]:
     try:
         if not fmt.appendable and path.stat().st_size > SNIFF_BYTES:
             return []
-        fmt, head = detect(path)  # (as load_table detects it: the whole file)
-        runs = _runs_of(path, fmt, head) if fmt.appendable else []
+        cached = _cached_runs(path)
+        if cached is not None:
+            runs = cached[1]
+        else:
+            fmt, head = detect(path)  # (as load_table detects it: the whole file)
+            runs = _runs_of(path, fmt, head) if fmt.appendable else []
     except (OSError, ValueError, KeyError, TypeError):
         return []
     return [str(i) for i in range(1, len(runs) + 1)] if len(runs) > 1 else []

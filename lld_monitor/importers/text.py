@@ -138,7 +138,7 @@ def console_steps(
     n = len(training)
     total = _training_bar_total(text, [pos for pos, _ in training])
     bars = _bar_steps(text, [pos for pos, _ in training], total)
-    if n and (_increasing(bars) or _resumed(bars)):
+    if n and _resumed(bars):
         return (
             [int(b) for b in bars],
             "progress_bar",
@@ -169,8 +169,9 @@ def console_steps(
 
 
 def _resumed(steps: Sequence[int | None]) -> bool:
-    """Every step known, and where they go back, back to a checkpoint of the run (a resume:
-    ``parts.run_bounds`` finds no restart); the repeated steps are merged, the last wins."""
+    """Every step known, and increasing or, where they go back, back to a checkpoint of the
+    run (a resume: ``parts.run_bounds`` finds no restart; the repeated steps are merged, the
+    last wins)."""
     from lld_monitor.importers.parts import run_bounds
 
     known = [s for s in steps if s is not None]

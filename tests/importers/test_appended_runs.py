@@ -222,3 +222,29 @@ def test_real_trl_run_resumed_from_its_checkpoint_is_one_run(tmp_path, capfd, mo
         [h["reward"] for h in train], rel=1e-3, abs=1e-6
     )
     assert "Continuing training from checkpoint" in second or "3/4 [" in second
+
+
+def test_listing_the_runs_and_reading_them_parses_the_log_once(tmp_path, monkeypatch):
+    from lld_monitor.importers import load
+
+    one = "".join(f"step {s} | reward {0.01 * s:.2f} | acc 0.25\n" for s in range(1, 31))
+    path = tmp_path / "runs.log"
+    path.write_text(one + one + one)
+    full: list[Path] = []
+    real = load.detect
+
+    def counting(p, *, complete=True):
+        if complete:
+            full.append(Path(p))
+        return real(p, complete=complete)
+
+    monkeypatch.setattr(load, "detect", counting)
+    monkeypatch.setattr(load, "_RUNS_CACHE", {})
+    monkeypatch.setattr(load, "_TABLES", {})
+    assert runs_in_file(path) == ["1", "2", "3"]
+    for run in ("1", "2", "3"):
+        assert list(load_table(path, run=run)[C.STEP]) == list(range(1, 31))
+    assert full == [path]  # detected (and parsed) whole once
+    path.write_text(one + one)  # changed: read again
+    assert runs_in_file(path) == ["1", "2"]
+    assert full == [path, path]

@@ -129,10 +129,9 @@ def build_scope(paths: Sequence[Path]) -> Scope:
         except (OSError, RuntimeError):
             problems.append(f"{p}: no such file or folder")
 
-    def looks_like_run(p: Path) -> bool:  # incl. a half-written run: its reader says what is wrong
-        return runlog.is_run_dir(p) or (p / runlog.META_FILE).is_file()
+    from lld_monitor.importers.catalog import entries_of, is_our_run
 
-    if len(resolved) == 1 and resolved[0].is_dir() and not looks_like_run(resolved[0]):
+    if len(resolved) == 1 and resolved[0].is_dir() and not is_our_run(resolved[0]):
         root = resolved[0]
         targets, found_problems = discover(root)
         return Scope((root,), tuple(targets), True, tuple(problems + found_problems))
@@ -143,10 +142,7 @@ def build_scope(paths: Sequence[Path]) -> Scope:
         if name in seen:  # two runs with the same folder name: use parent/name
             name = f"{p.parent.name}/{p.name}"
         seen.add(name)
-        if p.is_dir() and looks_like_run(p):
-            targets.append(Target(name, p, "run"))
-        else:
-            targets += foreign_targets(name, p)
+        targets += [Target(e.name, p, e.kind, "", e.run) for e in entries_of(p, name)]
     return Scope(tuple(resolved), tuple(targets), False, tuple(problems))
 
 
@@ -168,17 +164,6 @@ def discover(root: Path) -> tuple[list[Target], list[str]]:
     return targets, problems
 
 
-def foreign_targets(name: str, path: Path, fmt: str = "") -> list[Target]:
-    """One target for a foreign log, or one per run when the file holds several (runs appended
-    to a log, a W&B export of several runs): named ``NAME [RUN]`` as the triage names them."""
-    from lld_monitor.importers import runs_in_file
-
-    runs = runs_in_file(path) if path.is_file() else []
-    if len(runs) < 2:
-        return [Target(name, path, "foreign", fmt)]
-    return [Target(f"{name} [{r}]", path, "foreign", fmt, r) for r in runs]
-
-
 _NO_ROWS_CACHE: dict[tuple[str, str | None, float, int], bool] = {}
 
 
@@ -188,7 +173,7 @@ def _no_rows(path: Path, run: str | None) -> bool:
     Cached by (path, run, mtime, size): a log is imported again only when it changed; a file
     over ``MAX_SNIFF_BYTES`` is listed without looking."""
     from lld_monitor import importers
-    from lld_monitor.analysis.triage import _NO_ROWS
+    from lld_monitor.importers.load import NO_ROWS
 
     try:
         st = path.stat()
@@ -202,7 +187,7 @@ def _no_rows(path: Path, run: str | None) -> bool:
             importers.load_table(path, run=run)
             _NO_ROWS_CACHE[key] = False
         except (ValueError, OSError) as exc:  # importers.ImportFormatError among them
-            _NO_ROWS_CACHE[key] = _NO_ROWS in str(exc)
+            _NO_ROWS_CACHE[key] = NO_ROWS in str(exc)
     return _NO_ROWS_CACHE[key]
 
 
