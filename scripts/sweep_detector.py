@@ -41,6 +41,7 @@ import numpy as np
 
 from lld_monitor import columns as C
 from lld_monitor.analysis.baselines import GradSpikeDetector, RewardDropDetector
+from lld_monitor.analysis.config import SECTIONS
 from lld_monitor.analysis.detector import DetectorConfig, PhaseDetector
 from lld_monitor.analysis.evaluation import LLD_ALERT_KINDS, run_detector, score_run
 from lld_monitor.testing import COLLAPSE_KINDS, HEALTHY_KINDS, NOISE_LEVELS, make_run, wide_knobs
@@ -66,15 +67,19 @@ PLAIN_T = -8.0  # hindsight t of the phase II slope below which a decline is "pl
 
 
 def parse_config(items: Sequence[str]) -> dict[str, Any]:
-    """``key=value`` strings -> ``DetectorConfig`` overrides, typed like the field's default."""
-    fields = {f.name: f for f in dataclasses.fields(DetectorConfig)}
+    """``key=value`` strings -> ``DetectorConfig`` overrides, typed like the setting's default;
+    a section's setting as ``section.name`` (``level_shift.p_false_run=0.01``)."""
+    base = DetectorConfig()
+    names = [f.name for f in dataclasses.fields(DetectorConfig) if f.name not in SECTIONS]
+    names += [f"{sec}.{f.name}" for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         key = key.strip()
-        if not sep or key not in fields:
-            raise ValueError(f"--config {item!r}: want key=value with key one of {sorted(fields)}")
-        default = getattr(DetectorConfig(), key)
+        if not sep or key not in names:
+            raise ValueError(f"--config {item!r}: want key=value with key one of {sorted(names)}")
+        section, dot, name = key.partition(".")
+        default = getattr(getattr(base, section), name) if dot else getattr(base, key)
         try:
             if isinstance(default, bool):
                 value: Any = raw.strip().lower() in ("1", "true", "yes", "on")
@@ -82,12 +87,14 @@ def parse_config(items: Sequence[str]) -> dict[str, Any]:
                 value = int(raw)
             elif isinstance(default, float):
                 value = float(raw)
+            elif isinstance(default, tuple):
+                value = tuple(int(v) for v in raw.split(","))
             else:
                 value = raw
         except ValueError as exc:
             raise ValueError(f"--config {item!r}: {exc}") from exc
         out[key] = value
-    DetectorConfig(**out)  # the config's own checks, with its own message
+    base.with_overrides(**out)  # the config's own checks, with its own message
     return out
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, fields, replace
+from dataclasses import fields
 from typing import Any
 
 from lld_monitor import columns as C
@@ -135,14 +135,10 @@ class PhaseDetector:
     """
 
     def __init__(self, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
-        try:
-            cfg = replace(config or DetectorConfig(), **hyperparameters)
-        except TypeError as exc:
-            names = [f.name for f in fields(DetectorConfig)]
-            raise ValueError(f"unknown PhaseDetector hyperparameter ({exc}); use {names}") from exc
+        cfg = (config or DetectorConfig()).with_overrides(**hyperparameters)
         self.config = cfg
-        for name, value in asdict(cfg).items():
-            setattr(self, name, value)
+        for f in fields(cfg):
+            setattr(self, f.name, getattr(cfg, f.name))
         self.signals = Signals(cfg)
         self.checks: list[Check] = default_checks(cfg)
         self.machine = PhaseMachine(cfg)
@@ -254,7 +250,7 @@ class PhaseDetector:
         signals, the phase machine and each check's state under its key."""
         return {
             "version": STATE_VERSION,
-            "params": asdict(self.config),
+            "params": self.config.to_dict(),
             "signals": self.signals.state_dict(),
             "phases": self.machine.state_dict(),
             "checks": {c.key: c.state_dict() for c in self.checks},
@@ -279,7 +275,7 @@ class PhaseDetector:
                 f"and {STATE_VERSION}; save the state again with this version of lld_monitor"
             )
         # hyperparameters added since the state was saved take their defaults
-        if {**asdict(DetectorConfig()), **state["params"]} != asdict(self.config):
+        if DetectorConfig.from_dict(state["params"]) != self.config:
             raise ValueError(
                 "state was saved with other hyperparameters; build the detector with "
                 "PhaseDetector(**state['params']) before loading it"

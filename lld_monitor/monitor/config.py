@@ -101,6 +101,15 @@ def make_detector(detector: Any) -> Any | None:
     return detector
 
 
+def _detector_config(detector: Any | None) -> dict[str, Any] | None:
+    """The detector's settings as plain JSON (``DetectorConfig.to_dict``); None for a detector
+    without a ``DetectorConfig`` (a user's own)."""
+    from lld_monitor.analysis.config import DetectorConfig
+
+    cfg = getattr(detector, "config", None)
+    return cfg.to_dict() if isinstance(cfg, DetectorConfig) else None
+
+
 def config_meta(
     *,
     probe_fraction: float,
@@ -125,6 +134,9 @@ def config_meta(
         "llds_with_dropout": llds_with_dropout,
         "response_samples_per_step": tokens.response_samples,
         "detector": type(detector).__name__ if detector is not None else None,
+        # every setting of the detector (``DetectorConfig.to_dict``: the level-shift and
+        # mode-collapse sections too), so a run says what judged it
+        "detector_config": _detector_config(detector),
         "llds": {
             "enabled": llds.enabled,
             "lam": llds.lam,

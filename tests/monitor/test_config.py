@@ -82,7 +82,22 @@ def test_config_meta_records_every_setting() -> None:
     assert meta["auto_llds"] is True and meta["auto_llds_on"] == ["decay"]
     assert meta["stop_on_collapse"] is False and meta["checkpoint_on_collapse"] is True
     assert meta["token_samples_per_step"] == 2 and meta["response_samples_per_step"] == 3
-    assert meta["detector"] is None
+    assert meta["detector"] is None and meta["detector_config"] is None
+    from lld_monitor.analysis import PhaseDetector
+
+    det = PhaseDetector(**{"level_shift.p_false_run": 0.01})
+    meta = config_meta(
+        probe_fraction=0.5,
+        correctness=CorrectnessRule(None, 0.8, "accuracy"),
+        actions=ActionPolicy(True, ("decay",), False, True),
+        tokens=TokenSampler(0, 0, True, lambda where: nullcontext()),
+        llds_with_dropout=False,
+        detector=det,
+        llds=LLDSConfig(lam=0.1, enabled=False),
+    )
+    assert meta["detector"] == "PhaseDetector"
+    assert meta["detector_config"] == det.config.to_dict()
+    assert meta["detector_config"]["level_shift"]["p_false_run"] == 0.01
     assert meta["llds"] == {
         "enabled": False,
         "lam": 0.1,

@@ -36,7 +36,8 @@ falling from its early level.
 Both are checks (``checks/base.py``): ``update(signals) -> list[Alert]``, JSON state, ``reset()``;
 they read only the row's raw values (attributes named like the columns: ``reward_mean``,
 ``grad_norm``, ...) and ``step``, so any object with those attributes can drive them. Their
-hyperparameters are their own frozen configs (``LevelShiftConfig``, ``ModeCollapseConfig``).
+hyperparameters are sections of ``DetectorConfig`` (``level_shift``: ``LevelShiftConfig``,
+``mode_collapse``: ``ModeCollapseConfig``), saved and tuned with the rest.
 ``LevelShiftCollapse`` escalates the phase itself (``immediate``): its persistence is in the
 statistic already, and the phase machine's ``collapse_persist_steps`` would cost a sparse log rows.
 """
@@ -48,12 +49,11 @@ import math
 import operator
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
 from typing import Any
 
 from lld_monitor import columns as C
 from lld_monitor.analysis.checks.base import NO_ALERTS, Check
-from lld_monitor.analysis.config import DetectorConfig
+from lld_monitor.analysis.config import DetectorConfig, LevelShiftConfig, ModeCollapseConfig
 from lld_monitor.analysis.stats import (
     GLR_LENGTHS,
     GLR_MAX_REF,
@@ -68,6 +68,8 @@ from lld_monitor.analysis.stats import (
 from lld_monitor.analysis.trend import from_json_float, json_float
 from lld_monitor.events import Alert
 
+__all__ = ["LevelShiftCollapse", "LevelShiftConfig", "ModeCollapse", "ModeCollapseConfig"]
+
 _NAN = float("nan")
 _enc, _dec = json_float, from_json_float
 _BUFFER = GLR_MAX_REF + max(GLR_LENGTHS)  # rows the longest test reaches back
@@ -76,70 +78,6 @@ _NOISE_EVERY_FROM = 64  # rows after which the noise is estimated every 8 rows
 _REPEAT_ROWS = 64  # last rows behind the repeated-batch test of the noise estimate
 _PEAK_ROWS = 16  # rows per block behind the run's peak level
 _NEAR_ROWS = 16  # rows before the change behind the held level that "near the floor" is judged by
-
-
-@dataclass(frozen=True)
-class LevelShiftConfig:
-    """Hyperparameters of ``LevelShiftCollapse`` (rows are logged rows with a reward)."""
-
-    # the false-alarm rate: the probability that a run of 3000 rows of noise like the run's own
-    # crosses the threshold (about 3000 / p rows per false alarm), without / with corroboration
-    p_false_run: float = 0.002
-    p_false_run_corroborated: float = 0.05
-    floor_frac: float = (
-        0.35  # collapsed: the level since the change <= floor + this x (held - floor)
-    )
-    # ... or, for a run that learned at least learned_frac of its height from its start, back
-    # near the start: <= start + start_frac x (held - start)
-    learned_frac: float = 0.5
-    start_frac: float = 0.3
-    below_start_frac: float = 0.25  # ... or, having learned this share, at or below its start
-    floor_sd: float = 2.0  # ... by the mean since the change plus this many of its standard errors
-    min_drop: float = 0.05  # ... and at least this far below the held level (reward units)
-    start_rows: int = 3  # the run's starting level: the mean of its first rows
-    noise_rows: int = 128  # consecutive differences behind the row noise
-    # rows per block mean of the long-run noise (the longest with enough blocks is used) ...
-    block_rows: tuple[int, ...] = (2, 4, 8)
-    noise_blocks: int = 32  # ... from the last this many block differences (8 at the least)
-    min_noise_frac: float = 0.01  # noise sd at least this share of max(|held level|, 0.1)
-    corroborated_rows: int = 3  # rows among the last 3 that show a corroborating signal
-    baseline_rows: int = 32  # values of a corroborating signal behind its baseline (median)
-    grad_surge: float = 5.0  # grad norm >= this x its baseline
-    grad_dead: float = 1e-3  # grad norm <= this x its baseline (or exactly 0)
-    entropy_rise: float = 2.0  # entropy >= this x its baseline
-    entropy_fall: float = 0.2  # entropy <= this x its baseline
-    length_fall: float = 0.25  # completion length <= this x its baseline
-    truncated_frac: float = 0.5  # frac_truncated >= this (and its baseline below half of it)
-    zero_std_frac: float = 0.9  # frac_zero_std_groups >= this, from a baseline below 0.5
-    rearm_frac: float = 0.5  # re-armed once the last 3 rows' mean is back above
-    # floor + this x (held - floor)
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            vals = v if isinstance(v, tuple) else (v,)
-            if not vals or any(
-                not isinstance(x, int | float) or isinstance(x, bool) or not x > 0 for x in vals
-            ):
-                raise ValueError(f"LevelShiftConfig.{f.name} must be positive, got {v!r}")
-        if any(int(b) != b or b < 2 for b in self.block_rows):
-            raise ValueError("LevelShiftConfig.block_rows must be whole numbers of rows >= 2")
-        for name in (
-            "p_false_run",
-            "p_false_run_corroborated",
-            "floor_frac",
-            "learned_frac",
-            "start_frac",
-            "below_start_frac",
-            "rearm_frac",
-        ):
-            if not getattr(self, name) < 1.0:
-                raise ValueError(f"LevelShiftConfig.{name} must be below 1")
-        if self.p_false_run_corroborated < self.p_false_run:
-            raise ValueError(
-                "LevelShiftConfig.p_false_run_corroborated must be at least p_false_run "
-                "(corroboration lowers the threshold, never raises it)"
-            )
 
 
 class _BlockNoise:
@@ -240,13 +178,12 @@ class LevelShiftCollapse(Check):
     immediate = True  # the phase machine escalates on the alert row, without more persistence
     _SIGNALS = (C.GRAD_NORM, C.ENTROPY, C.COMPLETION_LENGTH, C.FRAC_TRUNCATED, "zero_std")
 
-    def __init__(
-        self, config: DetectorConfig | None = None, shift: LevelShiftConfig | None = None
-    ) -> None:
-        self.shift = shift or LevelShiftConfig()
+    def __init__(self, config: DetectorConfig | None = None) -> None:
+        config = config or DetectorConfig()
+        self.shift = config.level_shift
         self.threshold = glr_threshold(self.shift.p_false_run)
         self.threshold_corroborated = glr_threshold(self.shift.p_false_run_corroborated)
-        super().__init__(config or DetectorConfig())
+        super().__init__(config)
 
     def reset(self) -> None:
         """Forget every row seen; keep the hyperparameters."""
@@ -714,34 +651,16 @@ class LevelShiftCollapse(Check):
         self.rank = 3 if self._fallen else 0
 
 
-@dataclass(frozen=True)
-class ModeCollapseConfig:
-    """Hyperparameters of ``ModeCollapse``."""
-
-    early_rows: int = 3  # the early completion length: mean of the first rows that have one
-    window_rows: int = 5  # rows behind the share of identical-reward groups
-    zero_std_frac: float = 0.6  # "most groups": mean share over the window at or above this
-    length_frac: float = 0.35  # completions at or below this share of their early length
-    persist_rows: int = 2  # rows in a row that hold both before the alert
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if not isinstance(v, int | float) or isinstance(v, bool) or not v > 0:
-                raise ValueError(f"ModeCollapseConfig.{f.name} must be positive, got {v!r}")
-
-
 class ModeCollapse(Check):
     """``mode_collapse`` (warning, not LLD): most groups get identical rewards while the
     completions have shrunk to a fraction of their early length."""
 
     kind = "mode_collapse"
 
-    def __init__(
-        self, config: DetectorConfig | None = None, mode: ModeCollapseConfig | None = None
-    ) -> None:
-        self.mode = mode or ModeCollapseConfig()
-        super().__init__(config or DetectorConfig())
+    def __init__(self, config: DetectorConfig | None = None) -> None:
+        config = config or DetectorConfig()
+        self.mode = config.mode_collapse
+        super().__init__(config)
 
     def reset(self) -> None:
         self._early_sum = 0.0

@@ -243,6 +243,53 @@ def test_bad_hyperparameters_are_refused_with_the_name() -> None:
         ModeCollapseConfig(length_frac=-1.0)
 
 
+def test_level_shift_settings_are_detector_settings_saved_with_the_state() -> None:
+    import json
+
+    from lld_monitor.analysis.config import DetectorConfig
+    from lld_monitor.analysis.stats import glr_threshold
+
+    det = PhaseDetector(**{"level_shift.p_false_run": 0.02, "mode_collapse.persist_rows": 4})
+    shift = next(c for c in det.checks if isinstance(c, LevelShiftCollapse))
+    mode = next(c for c in det.checks if isinstance(c, ModeCollapse))
+    assert shift.threshold == glr_threshold(0.02) < glr_threshold(0.002)
+    assert mode.mode.persist_rows == 4
+    # a whole section as a mapping of some of its settings: the rest keep their defaults
+    cfg = DetectorConfig(level_shift={"min_drop": 0.1})
+    assert cfg.level_shift == LevelShiftConfig(min_drop=0.1)
+    # saved as plain JSON with the state, and read back (tuples as lists)
+    state = json.loads(json.dumps(det.state_dict()))
+    assert state["params"]["level_shift"]["p_false_run"] == 0.02
+    assert state["params"]["level_shift"]["block_rows"] == [2, 4, 8]
+    assert PhaseDetector.from_state_dict(state).config == det.config
+    with pytest.raises(ValueError, match="other hyperparameters"):
+        PhaseDetector().load_state_dict(state)
+    # a state saved before the sections existed loads into the default detector
+    old = json.loads(json.dumps(PhaseDetector().state_dict()))
+    del old["params"]["level_shift"], old["params"]["mode_collapse"]
+    PhaseDetector().load_state_dict(old)
+    with pytest.raises(ValueError, match="p_false_run must be below 1"):
+        PhaseDetector(**{"level_shift.p_false_run": 1.5})
+    with pytest.raises(
+        ValueError, match=r"unknown DetectorConfig.level_shift setting\(s\) \['x'\]"
+    ):
+        PhaseDetector(**{"level_shift.x": 1})
+
+
+def test_a_looser_false_alarm_rate_fires_where_the_default_does_not() -> None:
+    # the uncorroborated TRL log: the default (p 0.002) fires at row 30 (step 150); a rate of
+    # 0.04 has a lower threshold and fires no later, and its alert states that threshold
+    from lld_monitor.analysis.config import DetectorConfig
+    from lld_monitor.analysis.stats import glr_threshold
+
+    rows = _rows(**_trl_console_collapse(False))
+    strict = _feed(LevelShiftCollapse(), rows)
+    loose = _feed(LevelShiftCollapse(DetectorConfig(level_shift={"p_false_run": 0.04})), rows)
+    assert strict and loose and loose[0][0] <= strict[0][0]
+    assert loose[0][1].evidence["threshold"] == pytest.approx(glr_threshold(0.04))
+    assert strict[0][1].evidence["threshold"] == pytest.approx(glr_threshold(0.002))
+
+
 def test_detector_state_round_trip_keeps_the_level_shift() -> None:
     df = pd.DataFrame(_trl_console_collapse(False))
     recs = df.to_dict("records")
