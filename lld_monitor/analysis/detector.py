@@ -21,7 +21,7 @@ scale at once (``analysis/trend.py``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -145,7 +145,7 @@ class PhaseDetector:
         self._updates: list[Any] = []
         self._trend: TrendLevels | None = None
         self._immediate: list[Any] = []
-        self._find_trend()
+        self.refresh()
 
     # --- public API -------------------------------------------------------------------------
     def reset(self) -> None:
@@ -154,7 +154,7 @@ class PhaseDetector:
         for c in self.checks:
             c.reset()
         self.machine.reset()
-        self._find_trend()
+        self.refresh()
 
     def add_check(self, check: Check) -> None:
         """Append a check (its alerts come after those of the checks before it in a row)."""
@@ -163,13 +163,36 @@ class PhaseDetector:
         if any(c.key == check.key for c in self.checks):
             raise ValueError(f"the detector already has a check with key {check.key!r}")
         self.checks.append(check)
-        self._find_trend()
+        self.refresh()
 
-    def _find_trend(self) -> None:
-        """Refresh what the row loop caches about ``checks``: bound updates, the trend check."""
+    def refresh(self) -> None:
+        """Take ``checks`` as they are now (after an element of the list was replaced): the row
+        loop caches their bound updates, the trend check and the ``immediate`` ones."""
         self._updates = [c.update for c in self.checks]
         self._trend = next((c for c in self.checks if isinstance(c, TrendLevels)), None)
         self._immediate = [c for c in self.checks if getattr(c, "immediate", False)]
+
+    @property
+    def fresh(self) -> bool:
+        """No row accepted yet (since the last ``reset``)."""
+        return not self.signals.n_rows
+
+    def begin_replay(self, columns: Mapping[str, Any], skip: Collection[int] = ()) -> None:
+        """A whole table follows, every row reaching the checks (steps strictly increasing),
+        into this fresh detector: each check but those at the indices ``skip`` may precompute
+        from ``columns`` (input column -> [n] float array; ``Check.begin_replay``)."""
+        if not self.fresh:
+            raise ValueError("begin_replay needs a fresh detector (it indexes rows from the first)")
+        for i, c in enumerate(self.checks):
+            if i not in skip:
+                c.begin_replay(columns)
+
+    def end_replay(self) -> None:
+        """The replay is over: every check drops what ``begin_replay`` kept."""
+        for c in self.checks:
+            end = getattr(c, "end_replay", None)
+            if end is not None:
+                end()
 
     @property
     def phase(self) -> str:
@@ -239,7 +262,7 @@ class PhaseDetector:
         if not math.isfinite(step):
             raise ValueError(f"a row needs a numeric {C.STEP!r} value, got {row.get(C.STEP)!r}")
         marks = row.get(C.NONFINITE)
-        return self._update(
+        return self.update_values(
             step,
             tuple([_f(row.get(c)) for c in INPUT_COLUMNS]),
             marks.split(",") if isinstance(marks, str) else None,
@@ -289,12 +312,13 @@ class PhaseDetector:
                 c.load_state_dict(saved[c.key])
 
     # --- the work -----------------------------------------------------------------------------
-    def _update(
+    def update_values(
         self, step: float, v: tuple[float, ...], marks: list[str] | None = None
     ) -> list[Alert]:
-        """Core update on the value tuple ordered as ``INPUT_COLUMNS``; ``marks``: the columns
-        the row says were non-finite when logged (``C.NONFINITE``; None: the row does not say,
-        and a NaN counts when the column was finite before and the row has other values)."""
+        """``update`` of a row already read: ``step`` a float, ``v`` the floats ordered as
+        ``INPUT_COLUMNS`` (NaN: missing); ``marks``: the columns the row says were non-finite
+        when logged (``C.NONFINITE``; None: the row does not say, and a NaN counts when the
+        column was finite before and the row has other values). The replay's per-row call."""
         s = self.signals
         if not s.update(step, v, marks):
             return []
@@ -303,7 +327,7 @@ class PhaseDetector:
         alerts: list[Alert] = []
         checks = self.checks
         if len(checks) != len(self._updates):  # (a check appended to the list directly)
-            self._find_trend()
+            self.refresh()
         for update in self._updates:
             out = update(s)
             if out:

@@ -162,11 +162,15 @@ def replay(
     progress: Callable[[int, int], None] | None = None,
     *,
     phase_runs: bool = False,
+    fork: bool = True,
 ) -> tuple[list[Alert], list[Any], PhaseDetector]:
     """Feed the (prepared) rows to a detector: (alerts, phase after each row, the detector).
     ``progress(rows done, rows)`` is called after every ``REPLAY_CHUNK`` rows and at the end.
     ``phase_runs``: instead of a phase per row, ``[(row, phase)]`` at the first row and at
-    every row whose phase differs from the row before (a long table's phases in a few entries)."""
+    every row whose phase differs from the row before (a long table's phases in a few entries).
+    ``fork``: a long table's row-only checks may run in a second process where that is safe
+    (``analysis/parallel.py``); False keeps the replay in this process (a worker whose
+    siblings have the other cores). Either way the answer is the same."""
     det = detector if detector is not None else PhaseDetector()
     n = len(df)
     arrays = [_floats(df[c]) if c in df.columns else None for c in INPUT_COLUMNS]
@@ -188,7 +192,7 @@ def replay(
 
     def run_rows(lo: int, hi: int) -> None:
         """Feed rows [lo, hi) to ``det``, as Python floats (a chunk at a time)."""
-        update = det._update
+        update = det.update_values
         add_phase = phases.append
         machine = det.machine
         for a in range(lo, hi, REPLAY_CHUNK):
@@ -225,29 +229,30 @@ def replay(
 
     from lld_monitor.analysis import parallel
 
-    # every row reaches the checks (steps strictly increasing): the bound and the fork may be
-    # used
-    ordered = n < 2 or bool(
-        (step_arr.dtype.kind != "f" or np.isfinite(step_arr).all())
-        and (step_arr[1:] > step_arr[:-1]).all()
+    # every row reaches the checks (steps strictly increasing) of a fresh detector: the checks
+    # may precompute from the table (begin_replay), and the row-only ones may run in a child
+    whole = det.fresh and (
+        n < 2
+        or bool(
+            (step_arr.dtype.kind != "f" or np.isfinite(step_arr).all())
+            and (step_arr[1:] > step_arr[:-1]).all()
+        )
     )
-    shift = None
+    columns = {c: a for c, a in zip(INPUT_COLUMNS, arrays) if a is not None}
     try:
-        index = parallel.usable(det, n, ordered)
-        # (forked: the child, which runs the level-shift check, gives it its bound)
-        if index and parallel.replay_parallel(
-            det, index, arrays, step_arr, run_rows, lambda: _bound_level_shift(det, df, ordered)
-        ):
+        index = parallel.offloadable(det) if fork and whole and parallel.can_fork(n) else []
+        if index and parallel.replay_parallel(det, index, arrays, step_arr, run_rows, columns):
             return alerts, phases, det
         if index:  # (the child failed: again, in this process)
+            det.end_replay()
             alerts.clear()
             phases.clear()
             det.reset()
-        shift = _bound_level_shift(det, df, ordered)
+        if whole:
+            det.begin_replay(columns)
         run_rows(0, n)
     finally:
-        if shift is not None:
-            shift.set_bound(None)
+        det.end_replay()
     return alerts, phases, det
 
 
@@ -256,26 +261,6 @@ def _floats(series: pd.Series) -> np.ndarray:
     if series.dtype == np.float64:
         return series.to_numpy()
     return pd.to_numeric(series, errors="coerce").to_numpy(dtype=float)
-
-
-def _bound_level_shift(det: PhaseDetector, df: pd.DataFrame, ordered: bool) -> Any:
-    """Give the level-shift check of a fresh detector the bound of its statistic over the
-    table's rewards (``LevelShiftCollapse.bounds``), when every row will reach it (``ordered``:
-    steps strictly increasing); the check, or None when nothing was set."""
-    from lld_monitor.analysis.checks import LevelShiftCollapse
-
-    if not ordered or det.signals.n_rows or C.REWARD_MEAN not in df.columns or len(df) < 2:
-        return None
-    checks = [c for c in det.checks if type(c) is LevelShiftCollapse]
-    if len(checks) != 1:
-        return None
-    rw = _floats(df[C.REWARD_MEAN])
-    check = checks[0]
-    if check._rows:  # (a check added with rows of its own)
-        return None
-    finite = np.isfinite(rw)
-    check.set_bound(check.bounds(rw if finite.all() else rw[finite]))
-    return check
 
 
 #: Seconds of work before ``progress_line`` shows anything.
@@ -313,18 +298,20 @@ def analyze_run(
     config: DetectorConfig | None = None,
     refine: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    fork: bool = True,
 ) -> Analysis:
     """Analyse a whole run: ``Run``, DataFrame (canonical columns) or path.
 
     ``refine=False`` keeps the segment boundaries where the online detector became sure; with
     refinement, at most ``MAX_REFINEMENTS`` escalations get a change-point boundary.
-    ``progress(rows done, rows)``: called as the rows are replayed (``replay``).
+    ``progress(rows done, rows)``: called as the rows are replayed (``replay``). ``fork``:
+    ``replay``'s (False: stay in this process; the same answer).
     """
     df = prepare_steps(load_steps(obj))
     det = PhaseDetector(config)
     if df.empty:
         return Analysis([], [], None, [], list(INPUT_COLUMNS), det.limitations())
-    alerts, runs, det = replay(df, det, progress, phase_runs=True)
+    alerts, runs, det = replay(df, det, progress, phase_runs=True, fork=fork)
     steps = df[C.STEP].to_numpy(dtype=np.int64)
     segments = _segments(runs, steps)
     notes = det.limitations()

@@ -1,8 +1,9 @@
 """The replay on two cores: the checks that read only a row's own values run in a second process.
 
-``LevelShiftCollapse`` and ``ModeCollapse`` read nothing but the row's raw values and its step
-(not ``Signals``' features, not the phase, not another check), and the level-shift check is a
-third of the replay's time. For a long table, ``replay`` forks a child that runs those checks
+Checks that declare ``row_only`` (``checks/base.py``: they read nothing but the row's raw values,
+its step and ``warm``; not ``Signals``' features, not the phase, not another check) can run
+apart: the spikes, ``ModeCollapse`` and ``LevelShiftCollapse``, which is a third of the replay's
+time. For a long table, ``replay`` forks a child that runs those checks
 over the rows, a chunk ahead of the parent; the parent's detector holds a ``_Playback`` in their
 places, which gives the phase machine each row's rank, pending alert and alerts exactly as the
 check gave them (the same code on the same floats in the child: the alerts, the phases and the
@@ -10,13 +11,14 @@ final state equal the one-process replay's; ``tests/analysis/test_parallel.py`` 
 every sample run and shared real log). At the end the child sends its checks back, and they take
 their places again in the detector.
 
-The fork happens only where it is safe and pays: at least ``MIN_ROWS`` rows, a fresh detector
-whose offloaded checks are of exactly these classes, steps strictly increasing (every row reaches
-the checks), two usable cores, ``os.fork`` available, no other thread in the process (a fork of
-a threaded process can deadlock) and not in a worker of the triage's pool (``no_fork``: its
-siblings have the other cores). Anything wrong in the child (it died, it raised, it sent
-nonsense) makes ``replay_parallel`` return None after cleaning up, and the caller replays in one
-process from the start.
+The caller decides to fork (``replay(..., fork=False)``: the triage's workers, whose siblings
+have the other cores); this module says where it is safe and pays (``can_fork``): at least
+``MIN_ROWS`` rows, two usable cores, ``os.fork`` available, no other thread in the process (a
+fork of a threaded process can deadlock); and the replay asks a fresh detector and steps
+strictly increasing (every row reaches the checks). Each check's ``begin_replay`` runs in the
+process that runs the check. Anything wrong in the child (it died, it raised, it sent nonsense)
+makes ``replay_parallel`` return False after cleaning up, and the caller replays in one process
+from the start.
 """
 
 from __future__ import annotations
@@ -25,24 +27,14 @@ import os
 import signal
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from lld_monitor.analysis.checks import (
-    NO_ALERTS,
-    GradSpike,
-    KlSpike,
-    LevelShiftCollapse,
-    ModeCollapse,
-)
+from lld_monitor.analysis.checks import NO_ALERTS
 from lld_monitor.analysis.signals import INPUT_COLUMNS, warm_rows
 
-#: Check classes (exact types) that read only the row's raw values, its step and whether the
-#: detector is warm (``Signals.warm``, a function of the step and the row count:
-#: ``signals.warm_rows``).
-ROW_ONLY: tuple[type, ...] = (KlSpike, GradSpike, ModeCollapse, LevelShiftCollapse)
 #: Rows from which a replay is split over two processes (below it the fork costs more than it
 #: saves).
 MIN_ROWS = 20_000
@@ -54,15 +46,9 @@ CHUNK = 2048
 #: hundredths of a second): it is killed and the replay runs in one process.
 CHILD_TIMEOUT_S = 60.0
 
+#: The fields of the row records the child's checks read (``Check.row_only``; ``warm`` is
+#: ``Signals.warm``, a function of the step and the row count: ``signals.warm_rows``).
 _FIELDS = ("step", *INPUT_COLUMNS, "warm")
-_FORK = True  # (False: this process shares the cores with sibling workers; see no_fork)
-
-
-def no_fork() -> None:
-    """Replays in this process stay in it: for a worker of a pool that already has a process
-    per core (the triage's), where a second process per replay would only share the cores."""
-    global _FORK
-    _FORK = False
 
 
 def chunks(n: int) -> list[tuple[int, int]]:
@@ -70,18 +56,21 @@ def chunks(n: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + CHUNK, n)) for lo in range(0, n, CHUNK)]
 
 
-def usable(det: Any, n: int, ordered: bool) -> list[int]:
-    """The indices in ``det.checks`` to run in a child, or [] when the fork is not for this
-    replay (see the module docstring; ``ordered``: the steps strictly increase)."""
-    if not (ordered and _FORK) or n < MIN_ROWS or det.signals.n_rows or not hasattr(os, "fork"):
-        return []
+def can_fork(n: int) -> bool:
+    """Whether a replay of ``n`` rows may fork here: at least ``MIN_ROWS`` rows, ``os.fork``,
+    two usable cores and no other thread in this process."""
+    if n < MIN_ROWS or not hasattr(os, "fork"):
+        return False
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    if cores < 2 or threading.active_count() != 1:
-        return []
-    return [i for i, c in enumerate(det.checks) if type(c) in ROW_ONLY]
+    return cores >= 2 and threading.active_count() == 1
+
+
+def offloadable(det: Any) -> list[int]:
+    """The indices in ``det.checks`` of the checks a child may run (``Check.row_only``)."""
+    return [i for i, c in enumerate(det.checks) if getattr(c, "row_only", False)]
 
 
 class _Playback:
@@ -159,8 +148,7 @@ def _child(
                     last[j] = r
         conn.send((hi, records))
     for c in checks:
-        if hasattr(c, "set_bound"):
-            c.set_bound(None)  # (the bound is the replay's, and large: not sent back)
+        c.end_replay()  # (what begin_replay kept is the replay's, and large: not sent back)
     conn.send(("done", checks))
 
 
@@ -170,13 +158,13 @@ def replay_parallel(
     arrays: list,
     steps: np.ndarray,
     run_rows: Callable[[int, int], None],
-    in_child: Callable[[], Any] | None = None,
+    columns: Mapping[str, Any] | None = None,
 ) -> bool:
     """Replay with the checks ``det.checks[index]`` in a forked child; ``run_rows(lo, hi)``
-    feeds the parent's rows (the caller's loop); ``in_child()`` runs in the child before its
-    rows (work for its checks alone: the level-shift bound, never held by the parent). True
-    when done; False when the child failed (cleaned up: the caller resets the detector and
-    replays in one process)."""
+    feeds the parent's rows (the caller's loop). ``columns``: the table's input columns for
+    the checks' ``begin_replay``, each check's run in the process that runs it (the level-shift
+    bound is never held by the parent); None: none is called. True when done; False when the
+    child failed (cleaned up: the caller resets the detector and replays in one process)."""
     from multiprocessing import Pipe
 
     n = len(steps)
@@ -187,8 +175,9 @@ def replay_parallel(
         code = 1
         try:
             reader.close()
-            if in_child is not None:
-                in_child()
+            if columns is not None:
+                for c in originals:
+                    c.begin_replay(columns)
             _child(writer, originals, arrays, steps, warm_rows(steps, det.config), n)
             code = 0
         finally:
@@ -199,7 +188,9 @@ def replay_parallel(
     try:
         for i, p in zip(index, plays):
             det.checks[i] = p
-        det._find_trend()
+        det.refresh()
+        if columns is not None:
+            det.begin_replay(columns, skip=index)
         for lo, hi in chunks(n):
             if not reader.poll(CHILD_TIMEOUT_S):
                 return False
@@ -222,7 +213,7 @@ def replay_parallel(
     finally:
         for i, c in zip(index, originals):
             det.checks[i] = c
-        det._find_trend()
+        det.refresh()
         reader.close()
         if not ok:
             try:

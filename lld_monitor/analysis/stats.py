@@ -2,9 +2,9 @@
 
 One home for the statistics the checks compose (river's ``stats/``): ``ema_weight``; the robust
 noise of a row from its consecutive differences (``robust_sd``); and the test for a downward
-change in a level, ``glr_scan`` (a whole series at once) with its calibrated threshold
-(``glr_threshold`` / ``glr_rows_per_false_alarm``), which ``checks/level_shift.py`` runs one row
-at a time.
+change in a level, ``LevelDrop`` (its row-by-row and whole-series paths on one object;
+``glr_scan`` is the latter) with its calibrated threshold (``glr_threshold`` /
+``glr_rows_per_false_alarm``), which ``checks/level_shift.py`` runs one row at a time.
 
 The change-in-level test (a windowed GLR for a shift in the mean of Gaussian noise, Lorden 1971):
 at row n, for every post-change length L in ``GLR_LENGTHS`` (the change point n - L), the mean of
@@ -27,7 +27,8 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -172,36 +173,173 @@ def glr_rows_per_false_alarm(c: float) -> float:
     return math.inf  # (unreachable: the loop ends at the table's last pair)
 
 
+class LevelDrop:
+    """The change-in-level statistic (see the module docstring) with its two paths on one
+    object, as river keeps a statistic's ``update`` and its batch twin together:
+
+    - incremental (the online check, one row at a time): ``push(x, step)`` a row; at the newest
+      row ``candidates()`` gives every test's ``(length, r, mid, ref, post)`` (``mid``: the
+      running sum before the post-change rows), ``z_max(sigma)`` the statistic and its length,
+      ``drop_bound(min_drop)`` the bound below; ``cum`` / ``steps`` are the running sums and
+      steps of the last rows (the longest test's reach, ``keep``; trimmed in bulk);
+    - batch (a whole series at once): ``scan(x, sigma)`` -> ([n] z, [n] length) and
+      ``bounds(x, min_drop)`` -> [n] max over the lengths whose drop is at least ``min_drop`` of
+      drop / sqrt(1/L + 1/R) (-inf where none; the replay's shortcut: a row whose bound is below
+      c x sigma cannot cross).
+
+    Both paths form every mean from the same running sums in the same order: they agree
+    exactly, row for row (``tests/analysis/test_stats.py``)."""
+
+    __slots__ = ("cum", "keep", "steps", "tests", "total")
+
+    def __init__(self, lengths: Sequence[int] = GLR_LENGTHS) -> None:
+        #: (post-change rows, rows before), shortest first
+        self.tests = tuple((int(n), glr_ref_rows(int(n))) for n in sorted(lengths))
+        self.keep = max(n + r for n, r in self.tests)  # rows the longest test reaches back
+        self.reset()
+
+    # --- incremental ---------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.cum: list[float] = [0.0]  # running sums: cum[-1] through the newest row
+        self.steps: list[float] = []  # the step of each row in the buffer
+        self.total = 0.0
+
+    def push(self, x: float, step: float = math.nan) -> None:
+        """One more row (``step``: its step, kept for the change point's step)."""
+        self.total += x
+        cum, steps = self.cum, self.steps
+        cum.append(self.total)
+        steps.append(step)
+        if len(steps) > 2 * self.keep:  # (trimmed in bulk: O(1) amortized)
+            del cum[: len(steps) - self.keep]
+            del steps[: len(steps) - self.keep]
+
+    def candidates(self) -> Iterator[tuple[int, int, float, float, float]]:
+        """At the newest row, each test that has ``GLR_MIN_REF`` rows before its post-change
+        rows: (length, r, mid, ref, post): r the rows compared with (fewer early in a run),
+        ``mid`` the running sum before the post-change rows, ``ref`` / ``post`` the means."""
+        cum = self.cum
+        avail = len(cum) - 1  # rows in the buffer
+        top = cum[-1]
+        for length, r in self.tests:
+            if r > avail - length:
+                r = avail - length
+                if r < GLR_MIN_REF:
+                    return
+            mid = cum[-1 - length]
+            yield length, r, mid, (mid - cum[-1 - length - r]) / r, (top - mid) / length
+
+    def z_max(self, sigma: float) -> tuple[float, int]:
+        """The statistic at the newest row and the length that gave it (NaN, 0: no test yet);
+        the row-by-row twin of ``scan``."""
+        best, best_len = -math.inf, 0
+        for length, r, _, ref, post in self.candidates():
+            z = (ref - post) / (sigma * math.sqrt(1.0 / length + 1.0 / r))
+            if z > best:
+                best, best_len = z, length
+        return (best, best_len) if best_len else (math.nan, 0)
+
+    def drop_bound(self, min_drop: float) -> float:
+        """At the newest row, the max over the tests whose drop is at least ``min_drop`` of
+        drop / sqrt(1/L + 1/R) (-inf: none); the row-by-row twin of ``bounds``."""
+        best = -math.inf
+        for length, r, _, ref, post in self.candidates():
+            drop = ref - post
+            if drop >= min_drop:
+                best = max(best, drop / math.sqrt(1.0 / length + 1.0 / r))
+        return best
+
+    # --- batch ---------------------------------------------------------------------------------
+    def _drops(self, cum: np.ndarray, lo: int, hi: int) -> Iterator[tuple[int, Any, Any, Any]]:
+        """For rows lo + 1 .. hi (1-based: row i ends at cum[i]) and each test: (length, the
+        rows' places in [lo, hi) (a slice, or an index array for the first rows of a series,
+        whose reference is shorter), their drops ref - post, sqrt(1/L + 1/R))."""
+        for length, r_full in self.tests:
+            # rows with the full reference (row >= length + r_full), by slices of cum
+            a = max(lo + 1, length + r_full)
+            if a <= hi:
+                mid = cum[a - length : hi - length + 1]
+                ref = (mid - cum[a - length - r_full : hi - length - r_full + 1]) / r_full
+                drop = ref - (cum[a : hi + 1] - mid) / length
+                yield (
+                    length,
+                    slice(a - 1 - lo, hi - lo),
+                    drop,
+                    math.sqrt(1.0 / length + 1.0 / r_full),
+                )
+            # the first rows of a series: a shorter reference (r = row - length)
+            b = min(hi, length + r_full - 1)
+            if lo + 1 > b:
+                continue
+            rows = np.arange(lo + 1, b + 1)  # [k]
+            r = rows - length
+            ok = r >= GLR_MIN_REF
+            if not ok.any():
+                continue
+            i, rr = rows[ok], r[ok]
+            mid = cum[i - length]
+            drop = (mid - cum[i - length - rr]) / rr - (cum[i] - mid) / length
+            yield length, i - 1 - lo, drop, np.sqrt(1.0 / length + 1.0 / rr)
+
+    @staticmethod
+    def _cumsum(x: Sequence[float] | np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=float)  # [n]
+        cum = np.empty(len(x) + 1)  # [n + 1]: the running sums, in order
+        cum[0] = 0.0
+        np.cumsum(x, out=cum[1:])
+        return cum
+
+    _BLOCK = 1 << 16  # rows at a time: the temporaries stay small
+
+    def scan(self, x: Sequence[float] | np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+        """For every row of ``x``, the statistic (max over the lengths of z, NaN where no test
+        has ``GLR_MIN_REF`` rows before it) and the length that gave it (0 there); ties go to
+        the shorter length. Returns ([n] z, [n] length)."""
+        cum = self._cumsum(x)
+        n = len(cum) - 1
+        best = np.full(n, -np.inf)
+        best_len = np.zeros(n, dtype=int)
+        for lo in range(0, n, self._BLOCK):
+            hi = min(lo + self._BLOCK, n)
+            part, part_len = best[lo:hi], best_len[lo:hi]  # (views)
+            for length, at, drop, scale in self._drops(cum, lo, hi):
+                z = drop / (sigma * scale)
+                cur = part[at]
+                sel = z > cur
+                cur[sel] = z[sel]
+                part[at] = cur
+                lens = part_len[at]
+                lens[sel] = length
+                part_len[at] = lens
+        best[np.isinf(best)] = np.nan
+        return best, best_len
+
+    def bounds(self, x: Sequence[float] | np.ndarray, min_drop: float) -> np.ndarray:
+        """For every row of ``x``, the max over the lengths whose drop is at least ``min_drop``
+        of drop / sqrt(1/L + 1/R); -inf where none. [n]"""
+        cum = self._cumsum(x)
+        n = len(cum) - 1
+        out = np.full(n, -np.inf)
+        for lo in range(0, n, self._BLOCK):
+            hi = min(lo + self._BLOCK, n)
+            part = out[lo:hi]  # (a view)
+            for _, at, drop, scale in self._drops(cum, lo, hi):
+                val = np.where(drop >= min_drop, drop / scale, -np.inf)
+                if isinstance(at, slice):
+                    np.maximum(part[at], val, out=part[at])
+                else:
+                    part[at] = np.maximum(part[at], val)
+        return out
+
+
 def glr_scan(
     x: Sequence[float] | np.ndarray, sigma: float, lengths: Sequence[int] = GLR_LENGTHS
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The change-in-level statistic of a whole series at once (the batch twin of the online
-    check): for every row n, max over the post-change lengths L of z(n, L) (see the module
-    docstring) and the L that gave it; NaN / 0 where no length has ``GLR_MIN_REF`` rows before
-    it. ``x``: [n] values; ``sigma``: the sd of one value. Returns ([n] z, [n] L)."""
-    x = np.asarray(x, dtype=float)  # [n]
-    n = len(x)
-    cum = np.concatenate([[0.0], np.cumsum(x)])  # [n + 1]
-    best = np.full(n, -np.inf)
-    best_len = np.zeros(n, dtype=int)
-    idx = np.arange(1, n + 1)  # rows counted from 1: row i ends at cum[i]
-    for length in lengths:
-        r_max = glr_ref_rows(length)
-        r = np.minimum(idx - length, r_max)  # [n] pre-change rows available
-        ok = r >= GLR_MIN_REF
-        if not ok.any():
-            continue
-        i = idx[ok]
-        rr = r[ok]
-        post = (cum[i] - cum[i - length]) / length
-        ref = (cum[i - length] - cum[i - length - rr]) / rr
-        z = (ref - post) / (sigma * np.sqrt(1.0 / length + 1.0 / rr))
-        sel = np.zeros(n, dtype=bool)
-        sel[ok] = z > best[ok]
-        best[sel] = z[sel[ok]]
-        best_len[sel] = length
-    best[np.isinf(best)] = np.nan
-    return best, best_len
+    """The change-in-level statistic of a whole series at once (``LevelDrop.scan``): for every
+    row, max over the post-change lengths L of z(n, L) and the L that gave it; NaN / 0 where no
+    length has ``GLR_MIN_REF`` rows before it. ``x``: [n] values; ``sigma``: the sd of one
+    value. Returns ([n] z, [n] L)."""
+    return LevelDrop(lengths).scan(x, sigma)
 
 
 # --- Student t tail ---------------------------------------------------------------------------

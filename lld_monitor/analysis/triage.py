@@ -92,25 +92,26 @@ def is_collection_of_runs(path: Path) -> bool:
     return is_folder_of_runs(path)
 
 
-def triage_one(path: Path, root: Path, run: str | None = None) -> RunVerdict:
+def triage_one(path: Path, root: Path, run: str | None = None, *, fork: bool = True) -> RunVerdict:
     """Load and analyse one run (``run``: one of the runs a file holds); never raises (an
-    unreadable run gets its error)."""
-    return analyse_one(path, root, run)[0]
+    unreadable run gets its error). ``fork``: ``analyze_run``'s (False in the pool's workers)."""
+    return analyse_one(path, root, run, fork=fork)[0]
 
 
 def analyse_one(
-    path: Path, root: Path, run: str | None = None, table: Any = None
+    path: Path, root: Path, run: str | None = None, table: Any = None, *, fork: bool = True
 ) -> tuple[RunVerdict, Any]:
     """``triage_one``'s verdict and the analysis behind it (None when the run did not read or
     analyse): a caller that also shows the run (the dashboard) needs not analyse it again.
-    ``table``: the run's step table when the caller has read it already (not read again)."""
+    ``table``: the run's step table when the caller has read it already (not read again).
+    ``fork``: ``analyze_run``'s: a long run's replay may use a second process."""
     from lld_monitor.analysis import analyze_run
     from lld_monitor.importers import load_table
 
     name = entry_name(path, root, run)
     try:
         df = load_table(path, run=run) if table is None else table
-        analysis = analyze_run(df)
+        analysis = analyze_run(df, fork=fork)
     except Exception as exc:  # one bad run never stops the triage: its line says why
         message = " ".join(str(exc).split()) or type(exc).__name__
         from lld_monitor.runlog import RunSummaryError
@@ -223,12 +224,10 @@ def _triage_parallel(
     method = "fork" if "fork" in mp.get_all_start_methods() else None
     ctx = mp.get_context(method) if method else None
     out: list[RunVerdict] = []
-    from lld_monitor.analysis.parallel import no_fork
-
     workers = min(jobs, len(entries))
-    # (a worker per core already: a long run's replay stays in its worker, no_fork)
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=no_fork) as pool:
-        futures = {pool.submit(triage_one, p, base, r): (p, r) for p, r in entries}
+    # (a worker per core already: a long run's replay stays in its worker, fork=False)
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = {pool.submit(triage_one, p, base, r, fork=False): (p, r) for p, r in entries}
         for i, fut in enumerate(cf.as_completed(futures), start=1):
             path, run = futures[fut]
             try:

@@ -146,3 +146,45 @@ def test_the_hostile_rows_do_fire_once_warm() -> None:
 def test_every_check_has_a_unique_key_and_a_kind() -> None:
     keys = [c(CFG).key for c in CHECK_CLASSES]
     assert len(set(keys)) == len(keys) and all(c.kind for c in CHECK_CLASSES)
+
+
+@pytest.mark.parametrize("cls", [c for c in CHECK_CLASSES if c.row_only], ids=lambda c: c.__name__)
+def test_a_row_only_check_gives_on_row_records_what_it_gives_in_the_detector(cls) -> None:
+    # the replay's second process feeds row_only checks records of exactly these fields
+    # (parallel._FIELDS): a check that read anything else would raise here, and one that read
+    # the features or the phase would differ
+    from collections import namedtuple
+
+    from lld_monitor.analysis.parallel import _FIELDS
+
+    record = namedtuple("Row", _FIELDS)
+    fired = 0
+    for run in RUNS:
+        s, a, b = Signals(CFG), cls(CFG), cls(CFG)
+        for step, values in run:
+            s.update(step, values)
+            s.phase = "healthy"
+            got_a = [x.to_dict() for x in a.update(s)], a.rank, getattr(a, "pending", None)
+            row = record(step, *values, s.warm)
+            got_b = [x.to_dict() for x in b.update(row)], b.rank, getattr(b, "pending", None)
+            assert got_a == got_b, (cls.__name__, step)
+            fired += len(got_a[0]) + (got_a[2] is not None)
+        assert a.state_dict() == b.state_dict()
+    assert fired > 0, f"{cls.__name__} never fired: the test proves nothing"
+
+
+@pytest.mark.parametrize("cls", CHECK_CLASSES, ids=lambda c: c.__name__)
+def test_begin_replay_changes_no_answer(cls) -> None:
+    # a check given the whole table first (begin_replay) answers as one that was not
+    import numpy as np
+
+    for run in RUNS:
+        columns = {c: np.array([v[i] for _, v in run]) for i, c in enumerate(INPUT_COLUMNS)}
+        s, a, b = Signals(CFG), cls(CFG), cls(CFG)
+        b.begin_replay(columns)
+        for step, values in run:
+            s.update(step, values)
+            s.phase = "healthy"
+            assert _out(a, s) == _out(b, s), (cls.__name__, step)
+        b.end_replay()
+        assert a.state_dict() == b.state_dict()

@@ -172,25 +172,35 @@ def test_the_fork_is_only_for_long_fresh_tables_in_a_process_without_threads(mon
     df = prepare_steps(make_run("healthy", n_steps=300, seed=1).steps)
     det = PhaseDetector()
     monkeypatch.setattr(parallel, "MIN_ROWS", 100)
+    # the checks that declare row_only, in the detector's order
+    assert [type(det.checks[i]).__name__ for i in parallel.offloadable(det)] == [
+        "KlSpike",
+        "GradSpike",
+        "ModeCollapse",
+        "LevelShiftCollapse",
+    ]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     if threading.active_count() == 1 and cores >= 2 and hasattr(os, "fork"):
-        idx = parallel.usable(det, len(df), True)
-        assert [type(det.checks[i]).__name__ for i in idx] == [
-            "KlSpike",
-            "GradSpike",
-            "ModeCollapse",
-            "LevelShiftCollapse",
-        ]
-    assert parallel.usable(det, 99, True) == []  # too few rows
-    assert parallel.usable(det, len(df), False) == []  # steps not increasing
+        assert parallel.can_fork(len(df))
+    assert not parallel.can_fork(99)  # too few rows
+    forked = []
+    real = parallel.replay_parallel
+    monkeypatch.setattr(parallel, "replay_parallel", lambda *a: forked.append(1) or real(*a))
+    monkeypatch.setattr(parallel, "can_fork", lambda n: True)
+    shuffled = df.iloc[::-1].reset_index(drop=True)
+    replay(shuffled)  # steps not increasing: no fork
     busy = PhaseDetector()
-    busy.update({"step": 1, "reward_mean": 0.5})
-    assert parallel.usable(busy, len(df), True) == []  # not a fresh detector
+    busy.update({"step": -1, "reward_mean": 0.5})
+    replay(df, busy)  # not a fresh detector: no fork
+    replay(df, fork=False)  # the caller said no
+    assert forked == []
     stop = threading.Event()
     t = threading.Thread(target=stop.wait, daemon=True)
     t.start()
     try:
-        assert parallel.usable(det, len(df), True) == []  # another thread is running
+        monkeypatch.undo()
+        monkeypatch.setattr(parallel, "MIN_ROWS", 100)
+        assert not parallel.can_fork(len(df))  # another thread is running
     finally:
         stop.set()
         t.join()
@@ -205,15 +215,28 @@ def test_chunks_cover_the_rows_once_in_order():
     assert parallel.chunks(5000) == [(0, 2048), (2048, 4096), (4096, 5000)]
 
 
-def test_a_triage_worker_replays_in_its_own_process(monkeypatch):
-    monkeypatch.setattr(parallel, "_FORK", True)
-    monkeypatch.setattr(parallel, "MIN_ROWS", 100)
-    det = PhaseDetector()
-    allowed = threading.active_count() == 1 and hasattr(os, "fork")
-    if allowed and len(os.sched_getaffinity(0)) >= 2:
-        assert parallel.usable(det, 1000, True) != []
-    parallel.no_fork()  # (the triage pool's initializer)
-    assert parallel.usable(det, 1000, True) == []
+@needs_fork
+def test_a_triage_worker_replays_in_its_own_process(tmp_path, monkeypatch):
+    # the triage's workers (forked: they inherit this process's patches) are told fork=False: a
+    # replay that forked there would raise, and the run would be 'unreadable'
+    from lld_monitor.analysis import triage as triage_mod
+
+    for i in range(triage_mod.PARALLEL_MIN_RUNS):
+        make_run("healthy", n_steps=120, seed=i).steps.to_csv(tmp_path / f"r{i}.csv", index=False)
+
+    def refuse(*a, **k):
+        raise AssertionError("a triage worker forked a replay")
+
+    monkeypatch.setattr(parallel, "MIN_ROWS", 0)
+    monkeypatch.setattr(parallel, "can_fork", lambda n: True)
+    monkeypatch.setattr(parallel, "replay_parallel", refuse)
+    verdicts = triage_mod.triage(tmp_path, jobs=2)
+    assert len(verdicts) == triage_mod.PARALLEL_MIN_RUNS
+    assert all(v.verdict != "unreadable" for v in verdicts), [v.error for v in verdicts]
+    # ... while the same patches do reach a run analysed with fork=True (the test can fail)
+    forked = triage_mod.triage_one(tmp_path / "r0.csv", tmp_path)
+    assert forked.verdict == "unreadable" and "forked a replay" in forked.error
+    assert triage_mod.triage_one(tmp_path / "r0.csv", tmp_path, fork=False).verdict != "unreadable"
 
 
 def test_warm_rows_is_the_warm_flag_signals_keeps_row_by_row():

@@ -15,11 +15,9 @@ import pandas as pd
 import pytest
 
 from lld_monitor import columns as C
-from lld_monitor.analysis import offline
 from lld_monitor.analysis.checks import LevelShiftCollapse
-from lld_monitor.analysis.checks.level_shift import _TESTS
 from lld_monitor.analysis.offline import load_steps, prepare_steps, replay
-from lld_monitor.analysis.stats import GLR_MIN_REF
+from lld_monitor.analysis.stats import GLR_MIN_REF, LevelDrop
 from lld_monitor.importers import Head, load_table
 from lld_monitor.importers.table import _mark_codes
 from lld_monitor.testing import make_run
@@ -44,7 +42,7 @@ def _inputs() -> list[tuple[str, pd.DataFrame]]:
 
 def _replay_plain(df, monkeypatch):
     with monkeypatch.context() as m:
-        m.setattr(offline, "_bound_level_shift", lambda det, df, ordered: None)
+        m.setattr(LevelShiftCollapse, "begin_replay", lambda self, columns: None)
         return replay(df)
 
 
@@ -71,12 +69,10 @@ def test_the_bound_is_what_decides_the_skip(monkeypatch):
     alerts, _, _ = replay(df)
     assert any(a.evidence.get("detector") == "level_shift" for a in alerts)
 
-    def no_row_can_cross(det, df, ordered):
-        check = next(c for c in det.checks if type(c) is LevelShiftCollapse)
-        check.set_bound(np.full(len(df), -np.inf))
-        return check
+    def no_row_can_cross(self, columns):
+        self.set_bound(np.full(len(df), -np.inf))
 
-    monkeypatch.setattr(offline, "_bound_level_shift", no_row_can_cross)
+    monkeypatch.setattr(LevelShiftCollapse, "begin_replay", no_row_can_cross)
     silenced, _, det = replay(df)
     assert not any(a.evidence.get("detector") == "level_shift" for a in silenced)
     assert next(c for c in det.checks if type(c) is LevelShiftCollapse)._bound is None
@@ -91,7 +87,7 @@ def _bounds_by_hand(x: list[float], min_drop: float) -> list[float]:
         cum.append(cum[-1] + v)
         best = -math.inf
         avail = len(cum) - 1
-        for length, r in _TESTS:
+        for length, r in LevelDrop().tests:
             if r > avail - length:
                 r = avail - length
                 if r < GLR_MIN_REF:
@@ -115,7 +111,7 @@ def test_bounds_equal_the_row_loop_and_are_minus_inf_before_a_test_can_run():
     assert got.shape == (230,)
     np.testing.assert_allclose(got, want, rtol=1e-12)
     # the shortest test needs its length plus GLR_MIN_REF rows before any bound exists
-    first = _TESTS[0][0] + GLR_MIN_REF
+    first = LevelDrop().tests[0][0] + GLR_MIN_REF
     assert np.isneginf(got[: first - 1]).all() and got[first:].max() > 0
     # the drop at row 150 gives the largest values just after it
     assert 150 <= int(np.argmax(got)) < 230

@@ -12,6 +12,8 @@ import pytest
 from lld_monitor.analysis.stats import (
     GLR_CAL_ROWS,
     GLR_CALIBRATION,
+    GLR_MIN_REF,
+    LevelDrop,
     ema_weight,
     glr_ref_rows,
     glr_rows_per_false_alarm,
@@ -129,3 +131,50 @@ def test_trend_critical_values_import_no_scipy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    "lengths", [(2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256), (2,), (5, 40)]
+)
+def test_level_drop_row_by_row_agrees_with_the_whole_series(lengths, monkeypatch) -> None:
+    # river's contract: the update path and the batch path of one statistic agree at every row;
+    # 1500 rows pass the buffer's trim (2 x 512 rows) and 3 batch blocks of 512 rows
+    monkeypatch.setattr(LevelDrop, "_BLOCK", 512)
+    rng = np.random.default_rng(11)
+    x = np.concatenate(
+        [0.6 + 0.05 * rng.standard_normal(900), 0.3 + 0.05 * rng.standard_normal(600)]
+    )
+    stat = LevelDrop(lengths)
+    z_batch, len_batch = stat.scan(x, 0.05)
+    bound_batch = stat.bounds(x, 0.05)
+    z_rows, len_rows, bound_rows = [], [], []
+    for i, v in enumerate(x.tolist()):
+        stat.push(v, float(10 * i))
+        z, length = stat.z_max(0.05)
+        z_rows.append(z)
+        len_rows.append(length)
+        bound_rows.append(stat.drop_bound(0.05))
+    np.testing.assert_array_equal(z_rows, z_batch)  # (the same sums in the same order)
+    assert len_rows == len_batch.tolist()
+    np.testing.assert_array_equal(bound_rows, bound_batch)
+    # the rows before the shortest test has GLR_MIN_REF rows of reference: no statistic
+    first = min(lengths) + GLR_MIN_REF
+    assert np.isnan(z_batch[: first - 1]).all() and not np.isnan(z_batch[first - 1 :]).any()
+    # the fall at row 900 is seen: large z just after it, none before it in this noise
+    assert np.nanmax(z_batch[:900]) < 5.0 < np.nanmax(z_batch[900:])
+    assert len(stat.steps) <= 2 * stat.keep and stat.steps[-1] == 10.0 * (len(x) - 1)
+
+
+def test_level_drop_candidates_by_hand() -> None:
+    # 20 rows of 1 then 2 rows of 0: at row 22 the length-2 test compares the 2 zeros with the
+    # 16 rows before them (glr_ref_rows(2) = 16): ref 1, post 0; the length-3 test too compares
+    # with 16 rows (glr_ref_rows(3) = max(4 x 3, 16)), all 1, its post (1 + 0 + 0) / 3
+    stat = LevelDrop((2, 3))
+    for v in [1.0] * 20 + [0.0, 0.0]:
+        stat.push(v)
+    got = {length: (r, ref, post) for length, r, _, ref, post in stat.candidates()}
+    assert got[2] == (16, 1.0, 0.0)
+    # length 3: the last 3 rows are 1, 0, 0 (post 1/3), the 16 before them all 1
+    assert got[3][0] == 16 and got[3][1] == 1.0 and got[3][2] == pytest.approx(1.0 / 3.0)
+    z, length = stat.z_max(1.0)
+    assert length == 2 and z == pytest.approx(1.0 / math.sqrt(1.0 / 2.0 + 1.0 / 16.0))

@@ -15,6 +15,18 @@ keeps its own running state:
   steps a phase it raised outlasts its support (the machine takes at least ``recover_steps``).
 - ``state_dict()`` is plain JSON (no NaN: ``analysis.trend.json_float``), ``load_state_dict(d)``
   restores it; ``load_state_dict(state_dict())`` then ``update`` behaves as the original would.
+- ``immediate`` (class attribute): the phase machine escalates on the row of the check's own
+  alert, which it leaves in ``pending`` (an ``Alert`` or None, set on every row) instead of
+  returning it; its persistence is its own.
+- ``row_only`` (class attribute): the check reads nothing of ``s`` but ``step``, the row's raw
+  values (the ``signals.INPUT_COLUMNS`` attributes) and ``warm``; not another check, not the
+  phase, not the features. The replay may then run it in a second process, on plain row
+  records with exactly those fields (``analysis/parallel.py``): it must give there what it
+  gives in the detector.
+- ``begin_replay(columns)`` / ``end_replay()``: a whole table is about to be fed to this fresh
+  check, every row reaching it (steps strictly increasing), ``columns`` mapping each input
+  column to its [n] float array; the check may precompute from it (a bound that lets rows skip
+  work) and must give the same alerts as without it; ``end_replay`` drops what it kept.
 """
 
 from __future__ import annotations
@@ -37,6 +49,8 @@ class Check:
 
     __slots__ = ("config",)
     kind: ClassVar[str] = ""
+    immediate: ClassVar[bool] = False
+    row_only: ClassVar[bool] = False
     rank: int = 0
     recover_after: float = 0.0
 
@@ -55,6 +69,12 @@ class Check:
     def update(self, s: Signals) -> list[Alert]:
         """Read the row's features; the alerts this row raises (usually ``NO_ALERTS``)."""
         raise NotImplementedError
+
+    def begin_replay(self, columns: Mapping[str, Any]) -> None:
+        """A whole table follows, from this fresh state (see the module docstring)."""
+
+    def end_replay(self) -> None:
+        """Drop what ``begin_replay`` kept."""
 
     def state_dict(self) -> dict[str, Any]:
         """The running state as plain JSON."""

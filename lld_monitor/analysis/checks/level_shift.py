@@ -55,11 +55,9 @@ from lld_monitor import columns as C
 from lld_monitor.analysis.checks.base import NO_ALERTS, Check
 from lld_monitor.analysis.config import DetectorConfig, LevelShiftConfig, ModeCollapseConfig
 from lld_monitor.analysis.stats import (
-    GLR_LENGTHS,
-    GLR_MAX_REF,
     GLR_MIN_REF,
+    LevelDrop,
     block_sd,
-    glr_ref_rows,
     glr_rows_per_false_alarm,
     glr_threshold,
     sorted_median,
@@ -72,8 +70,6 @@ __all__ = ["LevelShiftCollapse", "LevelShiftConfig", "ModeCollapse", "ModeCollap
 
 _NAN = float("nan")
 _enc, _dec = json_float, from_json_float
-_BUFFER = GLR_MAX_REF + max(GLR_LENGTHS)  # rows the longest test reaches back
-_TESTS = tuple((n, glr_ref_rows(n)) for n in GLR_LENGTHS)  # (post-change rows, rows before)
 _NOISE_EVERY_FROM = 64  # rows after which the noise is estimated every 8 rows
 _REPEAT_ROWS = 64  # last rows behind the repeated-batch test of the noise estimate
 _PEAK_ROWS = 16  # rows per block behind the run's peak level
@@ -176,6 +172,7 @@ class LevelShiftCollapse(Check):
 
     kind = "level_shift"
     immediate = True  # the phase machine escalates on the alert row, without more persistence
+    row_only = True  # (reads the row's raw values, its step and nothing else)
     _SIGNALS = (C.GRAD_NORM, C.ENTROPY, C.COMPLETION_LENGTH, C.FRAC_TRUNCATED, "zero_std")
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
@@ -193,10 +190,8 @@ class LevelShiftCollapse(Check):
         self._rows = 0  # rows with a finite reward
         self._start_sum = 0.0
         self._last = _NAN  # last reward
-        # cumulative sums of the last rewards (_cum[-1]: through this row) and their steps
-        self._cum: list[float] = [0.0]
-        self._steps: list[float] = []
-        self._total = 0.0
+        # the change-in-level statistic over the last rewards (their running sums and steps)
+        self._level = LevelDrop()
         self._diffs: deque[float] = deque(maxlen=cfg.noise_rows)  # |consecutive differences|
         self._vals: deque[float] = deque(maxlen=_REPEAT_ROWS)  # the last rewards, as logged
         self._blocks = [_BlockNoise(int(b), cfg.noise_blocks) for b in cfg.block_rows]
@@ -286,46 +281,24 @@ class LevelShiftCollapse(Check):
         """For a whole series of finite rewards (the rows this check will be fed, from a fresh
         state), an upper bound of each row's statistic times the noise: max over the tested
         lengths with a drop of at least ``min_drop`` of drop / sqrt(1/L + 1/R) (``_test``'s z
-        is that over an sd of at least the row noise), -inf where no length qualifies. The
-        batch twin of ``_test``'s loop (numpy, all rows at once)."""
+        is that over an sd of at least the row noise), -inf where no length qualifies
+        (``LevelDrop.bounds``, the batch twin of ``_test``'s loop)."""
+        # (generous: rounding never skips a row)
+        return self._level.bounds(rewards, self.shift.min_drop * (1.0 - 1e-6))
+
+    def begin_replay(self, columns: Mapping[str, Any]) -> None:
+        """A fresh check about to be fed a whole table: the bound of its statistic over the
+        table's finite rewards (``set_bound``)."""
+        rw = columns.get(C.REWARD_MEAN)
+        if rw is None or len(rw) < 2 or self._rows:
+            return
         import numpy as np
 
-        x = np.asarray(rewards, dtype=float)  # [n]
-        n = len(x)
-        cum = np.empty(n + 1)  # [n + 1]: the running sums, in order
-        cum[0] = 0.0
-        np.cumsum(x, out=cum[1:])
-        out = np.full(n, -np.inf)
-        min_drop = self.shift.min_drop * (1.0 - 1e-6)  # (generous: rounding never skips a row)
-        block = 1 << 16  # rows at a time: the temporaries stay small
-        for lo in range(0, n, block):
-            hi = min(lo + block, n)  # rows lo + 1 .. hi (1-based: row i has cum[i])
-            best = out[lo:hi]  # (a view)
-            for length, r_full in _TESTS:
-                # rows with the full reference (row >= length + r_full), by slices of cum
-                a = max(lo + 1, length + r_full)
-                if a <= hi:
-                    mid = cum[a - length : hi - length + 1]
-                    ref = (mid - cum[a - length - r_full : hi - length - r_full + 1]) / r_full
-                    drop = ref - (cum[a : hi + 1] - mid) / length
-                    scale = np.sqrt(1.0 / length + 1.0 / r_full)
-                    val = np.where(drop >= min_drop, drop / scale, -np.inf)
-                    np.maximum(best[a - 1 - lo :], val, out=best[a - 1 - lo :])
-                # the first rows of a run: a shorter reference (r = row - length)
-                b = min(hi, length + r_full - 1)
-                if lo + 1 > b:
-                    continue
-                rows = np.arange(lo + 1, b + 1)  # [k]
-                r = rows - length
-                ok = r >= GLR_MIN_REF
-                if not ok.any():
-                    continue
-                i, rr = rows[ok], r[ok]
-                mid = cum[i - length]
-                drop = (mid - cum[i - length - rr]) / rr - (cum[i] - mid) / length
-                val = np.where(drop >= min_drop, drop / np.sqrt(1.0 / length + 1.0 / rr), -np.inf)
-                best[i - 1 - lo] = np.maximum(best[i - 1 - lo], val)
-        return out
+        finite = np.isfinite(rw)
+        self.set_bound(self.bounds(rw if finite.all() else rw[finite]))
+
+    def end_replay(self) -> None:
+        self._bound = None
 
     def set_bound(self, bound: Any) -> None:
         """Give a fresh check ``bounds(rewards)`` of the rows it is about to be fed (a replay
@@ -379,13 +352,7 @@ class LevelShiftCollapse(Check):
             self._sd = _NAN
         self._last = rw
         self._vals.append(rw)
-        self._total += rw
-        cum, steps = self._cum, self._steps
-        cum.append(self._total)
-        steps.append(step)
-        if len(steps) > 2 * _BUFFER:  # (trimmed in bulk: O(1) amortized)
-            del cum[: len(steps) - _BUFFER]
-            del steps[: len(steps) - _BUFFER]
+        self._level.push(rw, step)
         for b in self._blocks:  # (a row into each block, inline: three calls a row saved)
             b.total += rw
             b.count += 1
@@ -401,7 +368,7 @@ class LevelShiftCollapse(Check):
     def _rearm(self) -> None:
         """After an alert: re-armed once the mean of the last 3 rows is back above the re-arm
         line; the reward is no longer fallen once its last value is."""
-        cum = self._cum
+        cum = self._level.cum
         line = self._rearm_line
         if len(cum) > 3 and (cum[-1] - cum[-4]) / 3.0 > line:
             self._fired = self._fallen = False
@@ -448,19 +415,10 @@ class LevelShiftCollapse(Check):
         if bound is not None and bound[self._rows - 1] < c * sd_row * (1.0 - 1e-6):
             return None  # no length can reach z >= c (the replay's bound; see set_bound)
         floor = self.floor
-        cum = self._cum
-        avail = len(cum) - 1  # rows in the buffer
-        top = cum[-1]
+        cum = self._level.cum
         min_drop, min_noise = cfg.min_drop, cfg.min_noise_frac
         best: tuple[float, int, int, float, float, float, float, str, float, int] | None = None
-        for length, r in _TESTS:
-            if r > avail - length:
-                r = avail - length
-                if r < GLR_MIN_REF:
-                    break
-            mid = cum[-1 - length]
-            post = (top - mid) / length
-            ref = (mid - cum[-1 - length - r]) / r
+        for length, r, mid, ref, post in self._level.candidates():
             drop = ref - post
             if drop < min_drop:
                 continue
@@ -552,7 +510,7 @@ class LevelShiftCollapse(Check):
         z, length, r, ref, recent, sd, line, basis, held, m = best
         cfg = self.shift
         floor, start = self.floor, self.start_level
-        change_step = self._steps[-length]
+        change_step = self._level.steps[-length]
         per_fa = glr_rows_per_false_alarm(c)
         msg = (
             f"Phase III (collapse) at step {step}: the reward fell from {held:.3g} (mean of the "
@@ -599,14 +557,14 @@ class LevelShiftCollapse(Check):
     # --- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The running state as plain JSON (the last rows' rewards, not their running sums)."""
-        cum = self._cum
-        n = len(self._steps)
+        cum, steps = self._level.cum, self._level.steps
+        n = len(steps)
         return {
             "rows": self._rows,
             "start_sum": self._start_sum,
             "last": _enc(self._last),
             "rewards": [cum[i + 1] - cum[i] for i in range(len(cum) - 1 - n, len(cum) - 1)],
-            "steps": list(self._steps),
+            "steps": list(steps),
             "sd": _enc(self._sd),
             "diffs": list(self._diffs),
             "vals": list(self._vals),
@@ -629,12 +587,13 @@ class LevelShiftCollapse(Check):
         self.reset()
         self._rows, self._start_sum = int(d["rows"]), float(d["start_sum"])
         self._last = _dec(d["last"])
+        level = self._level
         total = 0.0
         for v in d["rewards"]:
             total += float(v)
-            self._cum.append(total)
-        self._total = total
-        self._steps = [float(v) for v in d["steps"]]
+            level.cum.append(total)
+        level.total = total
+        level.steps = [float(v) for v in d["steps"]]
         self._sd = _dec(d["sd"])
         self._diffs.extend(float(v) for v in d["diffs"])
         self._vals.extend(float(v) for v in d["vals"])
@@ -656,6 +615,7 @@ class ModeCollapse(Check):
     completions have shrunk to a fraction of their early length."""
 
     kind = "mode_collapse"
+    row_only = True
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
         config = config or DetectorConfig()

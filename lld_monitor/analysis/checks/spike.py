@@ -100,6 +100,7 @@ class _SpikeCheck(Check):
 
     __slots__ = ("spikes",)
     kind = "spike"
+    row_only = True  # (reads the signal's raw value, the step and warm)
     signal: ClassVar[str] = ""
 
     def _spikes(self) -> _Spikes:
