@@ -17,7 +17,7 @@ from typing import Any
 
 from lld_monitor import columns as C
 from lld_monitor.analysis.config import DetectorConfig
-from lld_monitor.analysis.stats import ema_weight
+from lld_monitor.analysis.stats import Ema, ema_weight
 from lld_monitor.analysis.trend import (
     MultiScaleTrend,
     TrendFit,
@@ -51,37 +51,21 @@ INPUT_COLUMNS: tuple[str, ...] = (
     C.FRAC_TRUNCATED,
 )
 
-#: EMA attributes of ``Signals`` (steps as time): fast (``fast_tau``), slow (``slow_tau``),
-#: window (``window_steps / 2``); ``*_dev``: mean absolute deviation of the raw value from its
-#: fast EMA (slow weight). Grad norm EMAs are of log(grad_norm).
-EMA_NAMES: tuple[str, ...] = (
-    "reward_fast",
-    "displaced_fast",
-    "displaced_window",
-    "delta_correct_window",
-    "log_grad_fast",
-    "log_grad_slow",
-    "entropy_fast",
-    "entropy_slow",
-    "kl_fast",
-    "kl_slow",
-    "length_fast",
-    "reward_dev",
-    "log_grad_dev",
-    "entropy_dev",
-    "truncated_fast",
-)
-# signal group -> attribute holding the step of its last value (the dt of its EMAs)
-_LAST_NAMES: dict[str, str] = {
-    "rw": "_t_rw",
-    "fd": "_t_fd",
-    "dc": "_t_dc",
-    "g": "_t_g",
-    "h": "_t_h",
-    "kl": "_t_kl",
-    "len": "_t_len",
-    "tr": "_t_tr",
+#: The signals with EMAs (``stats.Ema``: fast, slow, window and dev, steps as time), each an
+#: attribute of ``Signals`` named ``<signal>_ema``, and the key of the step of its last value in
+#: the state (``ema_last``). Grad norm EMAs are of log(grad_norm).
+EMA_SIGNALS: dict[str, str] = {
+    "reward": "rw",
+    "displaced": "fd",
+    "delta_correct": "dc",
+    "log_grad": "g",
+    "entropy": "h",
+    "kl": "kl",
+    "length": "len",
+    "truncated": "tr",
 }
+#: The EMA values in the state (``ema``): ``<signal>_<field>``.
+EMA_NAMES: tuple[str, ...] = tuple(f"{g}_{f}" for g in EMA_SIGNALS for f in Ema.FIELDS)
 # TrendFit fields that are ints (the rest are floats)
 _FIT_INTS = frozenset((0, 11))
 
@@ -227,26 +211,20 @@ class Signals:
     Read by every check after ``update``: ``step``, ``prev_step``, ``first_step``, ``n_rows``
     (rows accepted so far, this one included), ``warm``; the row's raw values under the column
     names (``reward_mean``, ``logp_correct``, ... NaN when missing); ``bad_loss`` / ``bad_grad``
-    (a non-finite loss / grad norm this row); the EMAs (``EMA_NAMES``); ``reward_peak`` (highest
-    fast reward EMA), ``reward_min``, ``reward_trough`` (lowest before the peak); ``kl_ref``
-    (lowest slow KL EMA once warm); ``entropy_early`` / ``length_early`` (means over the warm-up
-    rows); ``trunc_rows``; ``lp_short`` (``_RollingOLS`` of logp_correct over ``short_steps``),
-    ``lp_trend`` / ``rw_trend`` (``MultiScaleTrend`` of logp_correct / the reward) and
-    ``lp_closed`` / ``rw_closed`` (their levels that closed a bin this row); ``rw_decline``;
-    ``seen`` (columns seen finite); ``phase`` (the detector's phase before this row's decision).
+    (a non-finite loss / grad norm this row); the EMAs (``<signal>_ema``, a ``stats.Ema`` of
+    each of ``EMA_SIGNALS``: ``entropy_ema.fast``, ``log_grad_ema.slow``, ...); ``reward_peak``
+    (highest fast reward EMA), ``reward_min``, ``reward_trough`` (lowest before the peak);
+    ``kl_ref`` (lowest slow KL EMA once warm); ``entropy_early`` / ``length_early`` (means over
+    the warm-up rows); ``trunc_rows``; ``lp_short`` (``_RollingOLS`` of logp_correct over
+    ``short_steps``), ``lp_trend`` / ``rw_trend`` (``MultiScaleTrend`` of logp_correct / the
+    reward) and ``lp_closed`` / ``rw_closed`` (their levels that closed a bin this row);
+    ``rw_decline``; ``seen`` (columns seen finite); ``phase`` (the detector's phase before this
+    row's decision).
     """
 
     __slots__ = (
         "_alpha",
         "_damp",
-        "_t_dc",
-        "_t_fd",
-        "_t_g",
-        "_t_h",
-        "_t_kl",
-        "_t_len",
-        "_t_rw",
-        "_t_tr",
         "bad_grad",
         "bad_loss",
         "config",
@@ -273,7 +251,7 @@ class Signals:
         "w_fast",
         "warm",
         "entropy_early",
-        *EMA_NAMES,
+        *(f"{g}_ema" for g in EMA_SIGNALS),
         *INPUT_COLUMNS,
     )
 
@@ -295,10 +273,8 @@ class Signals:
             setattr(self, name, _NAN)
         self.bad_loss = False
         self.bad_grad = False
-        for name in EMA_NAMES:
-            setattr(self, name, _NAN)
-        for name in _LAST_NAMES.values():
-            setattr(self, name, _NAN)
+        for g in EMA_SIGNALS:
+            setattr(self, f"{g}_ema", Ema())
         self.lp_short = _RollingOLS(cfg.short_steps, cfg.min_short_rows)
         self.lp_trend = MultiScaleTrend(
             cfg.trend_base_steps, cfg.trend_bins, cfg.trend_levels, cfg.trend_alpha
@@ -375,8 +351,112 @@ class Signals:
         if prev == prev:
             self.w_fast = w_row[0]  # sets the noise of the fast EMAs (see ratios)
 
-        # non-finite loss / grad norm: NaN counts only when the column was seen finite and the
-        # row carries other training values (else it is a missing value, e.g. an eval row)
+        self._nonfinite(loss, g, marks, rw, h, kl, ln)
+        self.rw_closed = self.lp_closed = _NONE_CLOSED
+        # (each EMA's weights: this row's gap when its last value was on the last row, else
+        # its own gap; the first value reads none)
+        if rw - rw == 0.0:
+            seen.add(C.REWARD_MEAN)
+            self._reward(rw, step, prev, w_row)
+        if lp - lp == 0.0:
+            seen.add(C.LOGP_CORRECT)
+            if lp != self.lp_trend._last_value:  # a rollout batch's repeat is not new data
+                self.lp_short.push(step, lp)
+            self.lp_closed = self.lp_trend.push(step, lp)
+        if fd - fd == 0.0:
+            seen.add(C.FRAC_CORRECT_DISPLACED)
+            e = self.displaced_ema
+            last = e.last
+            e.push(fd, step, w_row if last == prev or last != last else self.weights(step - last))
+        if inc - inc == 0.0 and ink - ink == 0.0:
+            seen.update((C.INBATCH_N_CORRECT, C.INBATCH_N_CORRECT_DISPLACED))
+        if dc - dc == 0.0:
+            seen.add(C.DELTA_CORRECT)
+            e = self.delta_correct_ema
+            last = e.last
+            e.push(dc, step, w_row if last == prev or last != last else self.weights(step - last))
+        if g - g == 0.0:
+            seen.add(C.GRAD_NORM)  # 0 is a logged value (no gradient), not a missing one
+            if g > 0.0:  # the EMAs are geometric: log(0) is left out
+                e = self.log_grad_ema
+                last = e.last
+                w = w_row if last == prev or last != last else self.weights(step - last)
+                e.push(math.log(g), step, w)
+        if h - h == 0.0:
+            seen.add(C.ENTROPY)
+            e = self.entropy_ema
+            last = e.last
+            e.push(h, step, w_row if last == prev or last != last else self.weights(step - last))
+        if kl - kl == 0.0 and kl >= 0.0:
+            seen.add(C.KL)
+            e = self.kl_ema
+            last = e.last
+            e.push(kl, step, w_row if last == prev or last != last else self.weights(step - last))
+        if ln - ln == 0.0:
+            seen.add(C.COMPLETION_LENGTH)
+            e = self.length_ema
+            last = e.last
+            e.push(ln, step, w_row if last == prev or last != last else self.weights(step - last))
+        if tr - tr == 0.0:
+            seen.add(C.FRAC_TRUNCATED)
+            e = self.truncated_ema
+            last = e.last
+            e.push(tr, step, w_row if last == prev or last != last else self.weights(step - last))
+            self.trunc_rows = self.trunc_rows + 1 if e.fast >= cfg.truncation_frac else 0
+        if nc - nc == 0.0:
+            seen.add(C.N_CORRECT)
+        if lr - lr == 0.0:
+            seen.add(C.LEARNING_RATE)
+        if zstd - zstd == 0.0:
+            seen.add(C.FRAC_ZERO_STD_GROUPS)
+        if rstd - rstd == 0.0:
+            seen.add(C.REWARD_STD)
+
+        self.warm = warm = (
+            step - self.first_step >= cfg.warmup_steps and self.n_rows >= cfg.warmup_rows
+        )
+        if not warm:
+            self._early(h, ln)
+        else:
+            ks = self.kl_ema.slow
+            if ks == ks and not ks >= self.kl_ref:
+                self.kl_ref = ks
+        return True
+
+    def _reward(
+        self, rw: float, step: float, prev: float, w_row: tuple[float, float, float]
+    ) -> None:
+        """A finite reward: its trends (and the decline tests when a bin closed), its EMAs,
+        the peak, minimum and trough of the fast one."""
+        self.rw_closed = closed = self.rw_trend.push(step, rw)  # ascending levels
+        if closed:
+            self.rw_declining = None  # stale: re-tested when next asked
+        if closed and closed[-1] >= 2:
+            self.rw_decline = self.reward_decline()  # re-tested as its bins close
+        e = self.reward_ema
+        last = e.last
+        e.push(rw, step, w_row if last == prev or last != last else self.weights(step - last))
+        ef = e.fast
+        if not ef >= self.reward_min:
+            self.reward_min = ef
+        if not ef <= self.reward_peak:
+            self.reward_peak = ef
+            self.reward_trough = self.reward_min
+
+    def _nonfinite(
+        self,
+        loss: float,
+        g: float,
+        marks: list[str] | None,
+        rw: float,
+        h: float,
+        kl: float,
+        ln: float,
+    ) -> None:
+        """``bad_loss`` / ``bad_grad`` of this row: a NaN counts only when the column was seen
+        finite and the row carries other training values (``rw``, ``h``, ``kl``, ``ln``; else it
+        is a missing value, e.g. an eval row), or when ``marks`` names it."""
+        seen = self.seen
         if loss - loss == 0.0:
             seen.add(C.LOSS)
             self.bad_loss = False
@@ -391,142 +471,17 @@ class Signals:
         else:
             self.bad_grad = g == g or (C.GRAD_NORM in seen and _others(rw, h, kl, ln))
 
-        self.rw_closed = self.lp_closed = _NONE_CLOSED
-        if rw - rw == 0.0:
-            seen.add(C.REWARD_MEAN)
-            self.rw_closed = closed = self.rw_trend.push(step, rw)  # ascending levels
-            if closed:
-                self.rw_declining = None  # stale: re-tested when next asked
-            if closed and closed[-1] >= 2:
-                self.rw_decline = self.reward_decline()  # re-tested as its bins close
-            last = self._t_rw
-            if last != last:
-                self.reward_fast = rw
-                self.reward_dev = 0.0
-            else:
-                w = w_row if last == prev else self.weights(step - last)
-                self.reward_dev += w[1] * (abs(rw - self.reward_fast) - self.reward_dev)
-                self.reward_fast += w[0] * (rw - self.reward_fast)
-            self._t_rw = step
-            ef = self.reward_fast
-            if not ef >= self.reward_min:
-                self.reward_min = ef
-            if not ef <= self.reward_peak:
-                self.reward_peak = ef
-                self.reward_trough = self.reward_min
-        if lp - lp == 0.0:
-            seen.add(C.LOGP_CORRECT)
-            if lp != self.lp_trend._last_value:  # a rollout batch's repeat is not new data
-                self.lp_short.push(step, lp)
-            self.lp_closed = self.lp_trend.push(step, lp)
-        if fd - fd == 0.0:
-            seen.add(C.FRAC_CORRECT_DISPLACED)
-            last = self._t_fd
-            if last != last:
-                self.displaced_fast = self.displaced_window = fd
-            else:
-                w = w_row if last == prev else self.weights(step - last)
-                self.displaced_fast += w[0] * (fd - self.displaced_fast)
-                self.displaced_window += w[2] * (fd - self.displaced_window)
-            self._t_fd = step
-        if inc - inc == 0.0 and ink - ink == 0.0:
-            seen.update((C.INBATCH_N_CORRECT, C.INBATCH_N_CORRECT_DISPLACED))
-        if dc - dc == 0.0:
-            seen.add(C.DELTA_CORRECT)
-            last = self._t_dc
-            if last != last:
-                self.delta_correct_window = dc
-            else:
-                self.delta_correct_window += (w_row if last == prev else self.weights(step - last))[
-                    2
-                ] * (dc - self.delta_correct_window)
-            self._t_dc = step
-        if g - g == 0.0:
-            seen.add(C.GRAD_NORM)  # 0 is a logged value (no gradient), not a missing one
-            if g > 0.0:  # the EMAs are geometric: log(0) is left out
-                lg = math.log(g)
-                last = self._t_g
-                if last != last:
-                    self.log_grad_fast = self.log_grad_slow = lg
-                    self.log_grad_dev = 0.0
-                else:
-                    w = w_row if last == prev else self.weights(step - last)
-                    self.log_grad_dev += w[1] * (abs(lg - self.log_grad_fast) - self.log_grad_dev)
-                    self.log_grad_fast += w[0] * (lg - self.log_grad_fast)
-                    self.log_grad_slow += w[1] * (lg - self.log_grad_slow)
-                self._t_g = step
+    def _early(self, h: float, ln: float) -> None:
+        """A warm-up row: the early levels of the entropy and the completion length (entropy
+        collapse, length blow-up) are the means over the warm-up rows."""
+        k = self.early_n
         if h - h == 0.0:
-            seen.add(C.ENTROPY)
-            last = self._t_h
-            if last != last:
-                self.entropy_fast = self.entropy_slow = h
-                self.entropy_dev = 0.0
-            else:
-                w = w_row if last == prev else self.weights(step - last)
-                self.entropy_dev += w[1] * (abs(h - self.entropy_fast) - self.entropy_dev)
-                self.entropy_fast += w[0] * (h - self.entropy_fast)
-                self.entropy_slow += w[1] * (h - self.entropy_slow)
-            self._t_h = step
-        if kl - kl == 0.0 and kl >= 0.0:
-            seen.add(C.KL)
-            last = self._t_kl
-            if last != last:
-                self.kl_fast = self.kl_slow = kl
-            else:
-                w = w_row if last == prev else self.weights(step - last)
-                self.kl_fast += w[0] * (kl - self.kl_fast)
-                self.kl_slow += w[1] * (kl - self.kl_slow)
-            self._t_kl = step
+            he = self.entropy_early
+            self.entropy_early = h if he != he else he + (h - he) / (k + 1)
         if ln - ln == 0.0:
-            seen.add(C.COMPLETION_LENGTH)
-            last = self._t_len
-            if last != last:
-                self.length_fast = ln
-            else:
-                self.length_fast += (w_row if last == prev else self.weights(step - last))[0] * (
-                    ln - self.length_fast
-                )
-            self._t_len = step
-        if tr - tr == 0.0:
-            seen.add(C.FRAC_TRUNCATED)
-            last = self._t_tr
-            if last != last:
-                self.truncated_fast = tr
-            else:
-                self.truncated_fast += (w_row if last == prev else self.weights(step - last))[0] * (
-                    tr - self.truncated_fast
-                )
-            self._t_tr = step
-            self.trunc_rows = (
-                self.trunc_rows + 1 if self.truncated_fast >= cfg.truncation_frac else 0
-            )
-        if nc - nc == 0.0:
-            seen.add(C.N_CORRECT)
-        if lr - lr == 0.0:
-            seen.add(C.LEARNING_RATE)
-        if zstd - zstd == 0.0:
-            seen.add(C.FRAC_ZERO_STD_GROUPS)
-        if rstd - rstd == 0.0:
-            seen.add(C.REWARD_STD)
-
-        self.warm = warm = (
-            step - self.first_step >= cfg.warmup_steps and self.n_rows >= cfg.warmup_rows
-        )
-        if not warm:
-            # early levels (entropy collapse, length blow-up): mean over the warm-up rows
-            k = self.early_n
-            if h - h == 0.0:
-                he = self.entropy_early
-                self.entropy_early = h if he != he else he + (h - he) / (k + 1)
-            if ln - ln == 0.0:
-                le = self.length_early
-                self.length_early = ln if le != le else le + (ln - le) / (k + 1)
-            self.early_n = k + 1
-        else:
-            ks = self.kl_slow
-            if ks == ks and not ks >= self.kl_ref:
-                self.kl_ref = ks
-        return True
+            le = self.length_early
+            self.length_early = ln if le != le else le + (ln - le) / (k + 1)
+        self.early_n = k + 1
 
     # --- derived on demand --------------------------------------------------------------------
     def ratios(self) -> tuple[float, float, float, float]:
@@ -542,31 +497,33 @@ class Signals:
             if len(self._damp) > 256:
                 self._damp.clear()
             self._damp[a] = damp
-        gs, hs, ks = self.log_grad_slow, self.entropy_slow, self.kl_slow
+        lg, he, ke = self.log_grad_ema, self.entropy_ema, self.kl_ema
+        gs, hs, ks = lg.slow, he.slow, ke.slow
         g_ratio = _NAN
         if gs == gs:
             # (capped: grad norms ~1e287 apart overflow exp; every threshold is far below e^700)
-            up = min(self.log_grad_fast - gs, _MAX_LOG_RATIO)
-            g_ratio = math.exp(up) if up > k * damp * self.log_grad_dev else min(1.0, math.exp(up))
+            up = min(lg.fast - gs, _MAX_LOG_RATIO)
+            g_ratio = math.exp(up) if up > k * damp * lg.dev else min(1.0, math.exp(up))
         h_ratio = _NAN
         if hs == hs and hs > 0.0:
-            hf = self.entropy_fast
+            hf = he.fast
             up = hf - hs
-            h_ratio = hf / hs if up > k * damp * self.entropy_dev else min(1.0, hf / hs)
-        kl_ratio = self.kl_fast / ks if ks == ks and ks > 1e-6 else _NAN
+            h_ratio = hf / hs if up > k * damp * he.dev else min(1.0, hf / hs)
+        kl_ratio = ke.fast / ks if ks == ks and ks > 1e-6 else _NAN
         peak, trough = self.reward_peak, self.reward_trough
         fall = _NAN
         if peak == peak:
             scale = max(abs(peak), peak - trough if trough == trough else 0.0)
-            drop = peak - self.reward_fast
+            re = self.reward_ema
+            drop = peak - re.fast
             # the peak of a noisy EMA is itself an extreme: over n independent stretches of
             # fast_tau steps it sits about sqrt(2 ln n) noise sd above the level
             if scale > 0.0:
-                gate = k * damp * self.reward_dev
+                gate = k * damp * re.dev
                 if drop > gate:  # (the extreme is only needed past the plain gate)
                     n_ind = (self.step - self.first_step) / self.config.fast_tau
                     extreme = math.sqrt(2.0 * math.log(n_ind)) if n_ind > 1.0 else 0.0
-                    gate += extreme * damp * self.reward_dev
+                    gate += extreme * damp * re.dev
                 fall = drop / scale if drop > gate else 0.0
         return g_ratio, h_ratio, kl_ratio, fall
 
@@ -616,8 +573,12 @@ class Signals:
             "last_step": _enc(self.step),
             "seen": sorted(self.seen),
             "ols": {"_lp_short": self.lp_short.state()},
-            "ema": {k: _enc(getattr(self, k)) for k in EMA_NAMES},
-            "ema_last": {k: _enc(getattr(self, a)) for k, a in _LAST_NAMES.items()},
+            "ema": {
+                f"{g}_{f}": _enc(getattr(getattr(self, f"{g}_ema"), f))
+                for g in EMA_SIGNALS
+                for f in Ema.FIELDS
+            },
+            "ema_last": {k: _enc(getattr(self, f"{g}_ema").last) for g, k in EMA_SIGNALS.items()},
             "rw_peak": _enc(self.reward_peak),
             "rw_min": _enc(self.reward_min),
             "rw_trough": _enc(self.reward_trough),
@@ -642,10 +603,13 @@ class Signals:
         self.step = _dec(d["last_step"])
         self.seen = set(d["seen"])
         self.lp_short.load(d["ols"]["_lp_short"])
-        for k in EMA_NAMES:
-            setattr(self, k, _dec(d["ema"].get(k)))
-        for k, v in d["ema_last"].items():
-            setattr(self, _LAST_NAMES[k], _dec(v))
+        # (a state saved before every field was kept lacks the ones no check read: NaN)
+        ema, ema_last = d["ema"], d["ema_last"]
+        for g, k in EMA_SIGNALS.items():
+            e = getattr(self, f"{g}_ema")
+            for f in Ema.FIELDS:
+                setattr(e, f, _dec(ema.get(f"{g}_{f}")))
+            e.last = _dec(ema_last.get(k))
         self.reward_peak = _dec(d["rw_peak"])
         self.reward_min = _dec(d["rw_min"])
         self.reward_trough = _dec(d["rw_trough"])

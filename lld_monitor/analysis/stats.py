@@ -65,6 +65,82 @@ def ema_weight(dt: float, tau: float) -> float:
     return 1.0 - math.exp(-dt / tau)
 
 
+class Ema:
+    """The exponential moving averages of one signal logged at irregular steps: ``fast``,
+    ``slow`` and ``window`` (the weight of a new value from its gap in steps, ``ema_weight``, at
+    three time constants), and ``dev``, the mean absolute deviation of the values from the fast
+    EMA (at the slow weight, taken before the fast EMA moves). NaN before the first value; the
+    first value sets the three means (``dev`` 0). ``last``: the step of the last value.
+
+    Row by row: ``push(x, step, w)``, ``w`` the three weights (fast, slow, window) of the gap
+    ``step - last`` (the caller caches them by gap: ``Signals.weights``). Whole series:
+    ``Ema.series(values, steps, taus)``, the same EMAs after every finite value. A test checks
+    the two agree (``tests/analysis/test_stats.py``)."""
+
+    __slots__ = ("dev", "fast", "last", "slow", "window")
+
+    FIELDS = ("fast", "slow", "window", "dev")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.fast = self.slow = self.window = self.dev = self.last = math.nan
+
+    def push(self, x: float, step: float, w: tuple[float, float, float]) -> None:
+        """A finite value ``x`` at ``step``; ``w``: the weights of the gap since ``last``
+        (unread for the first value)."""
+        if self.last != self.last:
+            self.fast = self.slow = self.window = x
+            self.dev = 0.0
+        else:
+            self.dev += w[1] * (abs(x - self.fast) - self.dev)
+            self.fast += w[0] * (x - self.fast)
+            self.slow += w[1] * (x - self.slow)
+            self.window += w[2] * (x - self.window)
+        self.last = step
+
+    @classmethod
+    def series(
+        cls,
+        values: Sequence[float] | np.ndarray,
+        steps: Sequence[float] | np.ndarray,
+        taus: tuple[float, float, float],
+    ) -> dict[str, np.ndarray]:
+        """The four EMAs after each value of a whole series (NaN values are skipped: the EMAs
+        hold there; NaN before the first finite value): {field: [n]}. ``taus``: the time
+        constants (fast, slow, window) in steps. The recursion is sequential; the weights of
+        every gap are computed at once."""
+        x = np.asarray(values, dtype=float)  # [n]
+        t = np.asarray(steps, dtype=float)  # [n]
+        n = len(x)
+        out = {f: np.full(n, np.nan) for f in cls.FIELDS}
+        ok = np.flatnonzero(np.isfinite(x))
+        if not len(ok):
+            return out
+        gaps = np.diff(t[ok])  # [k - 1]
+        w = [1.0 - np.exp(-gaps / tau) for tau in taus]  # (ema_weight of every gap)
+        xs = x[ok]
+        fast = slow = window = float(xs[0])
+        dev = 0.0
+        res = np.empty((len(ok), 4))
+        res[0] = (fast, slow, window, dev)
+        wf, ws, ww = (a.tolist() for a in w)
+        for i, v in enumerate(xs[1:].tolist()):
+            dev += ws[i] * (abs(v - fast) - dev)
+            fast += wf[i] * (v - fast)
+            slow += ws[i] * (v - slow)
+            window += ww[i] * (v - window)
+            res[i + 1] = (fast, slow, window, dev)
+        # held between finite values: the last one's EMAs carried forward
+        idx = np.maximum.accumulate(np.where(np.isfinite(x), np.arange(n), -1))
+        have = idx >= 0
+        pos = np.searchsorted(ok, idx[have])
+        for j, f in enumerate(cls.FIELDS):
+            out[f][have] = res[pos, j]
+        return out
+
+
 def median(values: Iterable[float]) -> float:
     """The median of ``values`` (NaN when empty)."""
     return sorted_median(sorted(values))

@@ -52,13 +52,13 @@ def test_emas_in_step_time_by_hand() -> None:
     s = Signals(DetectorConfig())
     _update(s, 0.0, entropy=1.0)
     _update(s, 5.0, entropy=0.0)
-    assert s.entropy_fast == pytest.approx(math.exp(-1.0))
-    assert s.entropy_slow == pytest.approx(math.exp(-0.1))
-    assert s.entropy_dev == pytest.approx(1.0 - math.exp(-0.1))
+    assert s.entropy_ema.fast == pytest.approx(math.exp(-1.0))
+    assert s.entropy_ema.slow == pytest.approx(math.exp(-0.1))
+    assert s.entropy_ema.dev == pytest.approx(1.0 - math.exp(-0.1))
     # grad norm EMAs are geometric: log(4) then log(1) -> fast log(4) e^-1
     _update(s, 6.0, grad_norm=4.0)
     _update(s, 11.0, grad_norm=1.0)
-    assert s.log_grad_fast == pytest.approx(math.log(4.0) * math.exp(-1.0))
+    assert s.log_grad_ema.fast == pytest.approx(math.log(4.0) * math.exp(-1.0))
 
 
 def test_reward_peak_and_trough() -> None:
@@ -89,8 +89,12 @@ def test_state_round_trip_and_reset() -> None:
         b = Signals(cfg)
         b.load_state_dict(state)
         assert b.state_dict() == state
-    for name in EMA_NAMES:
-        va, vb = getattr(a, name), getattr(b, name)
+    for name in EMA_NAMES:  # (<signal>_<field>: every EMA of every signal)
+        signal, field = name.rsplit("_", 1)
+        va, vb = (
+            getattr(getattr(a, f"{signal}_ema"), field),
+            getattr(getattr(b, f"{signal}_ema"), field),
+        )
         assert va == vb or (math.isnan(va) and math.isnan(vb)), name
     a.reset()
     assert a.state_dict() == Signals(cfg).state_dict()

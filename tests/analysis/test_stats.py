@@ -178,3 +178,33 @@ def test_level_drop_candidates_by_hand() -> None:
     assert got[3][0] == 16 and got[3][1] == 1.0 and got[3][2] == pytest.approx(1.0 / 3.0)
     z, length = stat.z_max(1.0)
     assert length == 2 and z == pytest.approx(1.0 / math.sqrt(1.0 / 2.0 + 1.0 / 16.0))
+
+
+def test_ema_row_by_row_agrees_with_the_whole_series() -> None:
+    # irregular steps, missing values (held), a first value after NaNs: push with the weights
+    # of each gap (as Signals gives them) equals Ema.series after every value
+    from lld_monitor.analysis.stats import Ema
+
+    rng = np.random.default_rng(3)
+    steps = np.cumsum(rng.integers(1, 7, 600)).astype(float)
+    x = 1.0 + 0.3 * rng.standard_normal(600)
+    x[:3] = np.nan
+    x[rng.random(600) < 0.2] = np.nan
+    taus = (5.0, 50.0, 20.0)
+    batch = Ema.series(x, steps, taus)
+    e = Ema()
+    rows = {f: [] for f in Ema.FIELDS}
+    for v, t in zip(x.tolist(), steps.tolist()):
+        if v == v:
+            gap = t - e.last
+            e.push(v, t, tuple(ema_weight(gap, tau) for tau in taus) if gap == gap else ())
+        for f in Ema.FIELDS:
+            rows[f].append(getattr(e, f))
+    for f in Ema.FIELDS:
+        np.testing.assert_allclose(rows[f], batch[f], rtol=1e-12, atol=1e-15, equal_nan=True)
+    first = int(np.flatnonzero(np.isfinite(x))[0])
+    assert first >= 3 and np.isnan(batch["fast"][:first]).all() and batch["dev"][first] == 0.0
+    # by hand: two values 1 then 0 one step apart, fast tau 1: 1 - (1 - e^-1) = e^-1
+    two = Ema.series([1.0, 0.0], [0.0, 1.0], (1.0, 10.0, 2.0))
+    assert two["fast"][1] == pytest.approx(math.exp(-1.0))
+    assert two["dev"][1] == pytest.approx(1.0 - math.exp(-0.1))

@@ -43,11 +43,11 @@ class SharpDropCollapse(Check):
         # KL is reported, not used: it grows from 0 by design early in every run.
         # The ratios of Signals.ratios() only count past their thresholds; the cheap necessary
         # conditions come first, so a quiet row never computes the noise gates.
-        gs, hs, peak = s.log_grad_slow, s.entropy_slow, s.reward_peak
+        gs, hs, peak = s.log_grad_ema.slow, s.entropy_ema.slow, s.reward_peak
         maybe = (
-            (gs == gs and s.log_grad_fast - gs >= self._log_surge)
-            or (hs == hs and hs > 0.0 and s.entropy_fast >= cfg.entropy_rise_ratio * hs)
-            or (peak == peak and peak - s.reward_fast >= cfg.reward_fall_frac * abs(peak))
+            (gs == gs and s.log_grad_ema.fast - gs >= self._log_surge)
+            or (hs == hs and hs > 0.0 and s.entropy_ema.fast >= cfg.entropy_rise_ratio * hs)
+            or (peak == peak and peak - s.reward_ema.fast >= cfg.reward_fall_frac * abs(peak))
         )
         fall = 0.0
         n_corro = 0
@@ -58,7 +58,7 @@ class SharpDropCollapse(Check):
                 + (h_ratio >= cfg.entropy_rise_ratio)
                 + (fall >= cfg.reward_fall_frac)
             )
-        fd_high = s.displaced_fast >= cfg.displaced_frac
+        fd_high = s.displaced_ema.fast >= cfg.displaced_frac
         if n_corro + fd_high == 0:
             return 0  # (the fits below are only needed with a corroborating signal)
         lp1 = s.lp_trend.fit(1) if C.LOGP_CORRECT in s.seen else None  # ~60-step window

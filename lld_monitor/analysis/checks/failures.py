@@ -96,10 +96,12 @@ class EntropyCollapse(PersistentCheck):
 
     def holds(self, s: Signals) -> bool:
         he = s.entropy_early
-        return he > 0.0 and s.entropy_fast <= self.config.entropy_floor_frac * he
+        return he > 0.0 and s.entropy_ema.fast <= self.config.entropy_floor_frac * he
 
     def alert(self, s: Signals, held: float) -> Alert:
-        return messages.entropy_collapse_alert(int(s.step), held, s.entropy_fast, s.entropy_early)
+        return messages.entropy_collapse_alert(
+            int(s.step), held, s.entropy_ema.fast, s.entropy_early
+        )
 
 
 class LengthBlowup(PersistentCheck):
@@ -110,10 +112,10 @@ class LengthBlowup(PersistentCheck):
 
     def holds(self, s: Signals) -> bool:
         le = s.length_early
-        return le > 0.0 and s.length_fast >= self.config.length_blowup_ratio * le
+        return le > 0.0 and s.length_ema.fast >= self.config.length_blowup_ratio * le
 
     def alert(self, s: Signals, held: float) -> Alert:
-        return messages.length_blowup_alert(int(s.step), held, s.length_fast, s.length_early)
+        return messages.length_blowup_alert(int(s.step), held, s.length_ema.fast, s.length_early)
 
 
 class RewardDecline(PersistentCheck):
@@ -147,11 +149,11 @@ class KlBlowup(PersistentCheck):
         cfg = self.config
         ref = s.kl_ref
         kl_ref = max(ref, cfg.kl_floor) if ref == ref else _NAN
-        return s.kl_fast >= cfg.kl_blowup_ratio * kl_ref
+        return s.kl_ema.fast >= cfg.kl_blowup_ratio * kl_ref
 
     def alert(self, s: Signals, held: float) -> Alert:
         ref = max(s.kl_ref, self.config.kl_floor)
-        return messages.kl_blowup_alert(int(s.step), held, s.kl_fast, ref)
+        return messages.kl_blowup_alert(int(s.step), held, s.kl_ema.fast, ref)
 
 
 class Truncation(PersistentCheck):
@@ -163,12 +165,12 @@ class Truncation(PersistentCheck):
     kind = "truncation"
 
     def holds(self, s: Signals) -> bool:
-        return s.truncated_fast >= self.config.truncation_frac
+        return s.truncated_ema.fast >= self.config.truncation_frac
 
     def may_fire(self, s: Signals) -> bool:
         return s.trunc_rows >= self.config.truncation_min_rows
 
     def alert(self, s: Signals, held: float) -> Alert:
         return messages.truncation_alert(
-            int(s.step), held, s.truncated_fast, s.trunc_rows, self.config.truncation_frac
+            int(s.step), held, s.truncated_ema.fast, s.trunc_rows, self.config.truncation_frac
         )
