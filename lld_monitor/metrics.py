@@ -288,6 +288,26 @@ def per_response_delta(
 # --- the step statistics --------------------------------------------------------------------
 
 
+def _sums_inputs(
+    logp_old: torch.Tensor, logp_new: torch.Tensor | None, mask: torch.Tensor, correct: torch.Tensor
+) -> torch.Tensor:
+    """Check ``displacement_sums``' inputs (shapes, dtypes, devices: a clear error naming the
+    argument); the mask as bool [B, L]."""
+    _check_2d("logp_old", logp_old)
+    _check_float("logp_old", logp_old)
+    m = _bool_mask(mask, logp_old)  # [B, L]
+    _check_rows("correct", correct, logp_old.shape[0], logp_old)
+    if correct.dtype != torch.bool:
+        raise ValueError(
+            f"correct must be a bool tensor [B], got {correct.dtype}; build it with correct_mask"
+        )
+    if logp_new is not None:
+        _check_2d("logp_new", logp_new, logp_old.shape)
+        _check_float("logp_new", logp_new)
+        _check_device("logp_new", logp_new, logp_old)
+    return m
+
+
 def displacement_sums(
     *,
     logp_old: torch.Tensor,
@@ -302,19 +322,9 @@ def displacement_sums(
     confidence only. ``action_ids`` [B, L] (0-based, contiguous per row, -1 = none) overrides the
     runs of the mask. Reduce across ranks with ``all_reduce(SUM)``, then :func:`stats_from_sums`.
     """
-    _check_2d("logp_old", logp_old)
-    _check_float("logp_old", logp_old)
-    m = _bool_mask(mask, logp_old)  # [B, L]
+    m = _sums_inputs(logp_old, logp_new, mask, correct)  # [B, L]
     batch = logp_old.shape[0]
-    _check_rows("correct", correct, batch, logp_old)
-    if correct.dtype != torch.bool:
-        raise ValueError(
-            f"correct must be a bool tensor [B], got {correct.dtype}; build it with correct_mask"
-        )
     if logp_new is not None:
-        _check_2d("logp_new", logp_new, logp_old.shape)
-        _check_float("logp_new", logp_new)
-        _check_device("logp_new", logp_new, logp_old)
         logp_new = logp_new.detach()  # a measurement: the loss's tensor (with grad) is fine
     logp_old = logp_old.detach()
     ids = _effective_action_ids(action_ids, m, logp_old)
