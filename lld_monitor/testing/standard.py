@@ -148,38 +148,8 @@ def make_standard_run(
         for s in rng.choice(n, size=int(rng.integers(2, 6)), replace=False):
             log_g[s] += math.log(rng.uniform(10.0, 50.0))
     acc = np.clip(acc, 0.0, 1.0)
-    # observed values: AR(1) noise on the reward, group statistics from the accuracy
-    phi = float(rng.uniform(0.0, 0.5))
-    sd = nf * max(gain, 0.1)
-    noise = _ar1(rng, n, sd, phi)  # [n]
-    G, n_groups = 8, 16
-    p_same = acc**G + (1.0 - acc) ** G  # [n] chance that a group's rewards are identical
-    zstd = rng.binomial(n_groups, np.clip(p_same, 0.0, 1.0)) / n_groups
-    zstd = np.where(np.isfinite(zstd_override), zstd_override, zstd)
-    reward_acc = np.clip(acc + noise * (1.0 - zstd), 0.0, 1.0)
-    exact = dead | (zstd >= 1.0)
-    reward_acc = np.where(exact, acc, reward_acc)
-    zstd = np.where(dead, 1.0, zstd)
-    rstd = np.sqrt(np.clip(reward_acc * (1.0 - reward_acc), 0.0, None)) * (1.0 - zstd)
-    scale, offset = float(rng.choice([1.0, 2.5])), float(rng.choice([0.0, 0.0, -1.0]))
-    grad = np.exp(log_g + rng.normal(0.0, 0.3, n))
-    grad = np.where(dead, 0.0, grad)
-    if kind in ("plateau_max", "never_learned"):  # identical groups carry no gradient
-        grad = grad * (1.0 - zstd) + 1e-4 * zstd
-    steps = pd.DataFrame(
-        {
-            C.STEP: t.astype(int),
-            C.REWARD_MEAN: reward_acc * scale + offset,
-            C.REWARD_STD: rstd * scale,
-            C.FRAC_ZERO_STD_GROUPS: zstd,
-            C.GRAD_NORM: grad,
-            C.ENTROPY: np.clip(ent * np.exp(rng.normal(0.0, 0.05, n)), 1e-5, None),
-            C.COMPLETION_LENGTH: np.clip(length * np.exp(rng.normal(0.0, 0.05, n)), 1.0, None),
-            C.FRAC_TRUNCATED: np.clip(rng.normal(0.02, 0.01, n), 0.0, 1.0),
-            C.KL: 0.05 * (1.0 - np.exp(-t / tau)) * np.exp(rng.normal(0.0, 0.2, n)),
-            C.LOSS: rng.normal(0.0, 0.01, n),
-            C.LEARNING_RATE: np.full(n, 1e-6),
-        }
+    steps = _standard_observe(
+        rng, kind, t, acc, gain, nf, tau, log_g, ent, length, dead, zstd_override
     )
     if labels["collapse_start"] is not None:
         half = np.flatnonzero((t >= labels["collapse_start"]) & (acc < r0 + 0.5 * max(gain, 0.2)))
@@ -188,14 +158,8 @@ def make_standard_run(
             labels["collapse_step"] = labels["collapse_start"]  # the reward may hold
     keep = (t.astype(int) % log_every == 0) | (t == 1)
     steps = steps[keep].reset_index(drop=True)
-    labels.update(
-        kind=kind,
-        n_steps=n,
-        log_every=log_every,
-        noise_frac=round(nf, 4),
-        standard_only=True,
-        name=f"std_{kind}_s{seed}",
-    )
+    labels.update(kind=kind, n_steps=n, log_every=log_every, noise_frac=round(nf, 4))
+    labels.update(standard_only=True, name=f"std_{kind}_s{seed}")
     return LabelledRun(steps, labels)
 
 
@@ -326,3 +290,56 @@ def make_calibration_run(kind: str, seed: int = 0) -> LabelledRun:
         "corroborated": corroborated,
     }
     return LabelledRun(df, labels)
+
+
+def _standard_observe(
+    rng: np.random.Generator,
+    kind: str,
+    t: np.ndarray,
+    acc: np.ndarray,
+    gain: float,
+    nf: float,
+    tau: float,
+    log_g: np.ndarray,
+    ent: np.ndarray,
+    length: np.ndarray,
+    dead: np.ndarray,
+    zstd_override: np.ndarray,
+) -> pd.DataFrame:
+    """The logged standard columns of ``make_standard_run`` from its noise-free curves ([n]
+    arrays over the steps ``t``): the reward with AR(1) noise, group statistics from the
+    accuracy, the reward's scale and offset, the other signals' noise."""
+    n = len(t)
+    # observed values: AR(1) noise on the reward, group statistics from the accuracy
+    phi = float(rng.uniform(0.0, 0.5))
+    sd = nf * max(gain, 0.1)
+    noise = _ar1(rng, n, sd, phi)  # [n]
+    G, n_groups = 8, 16
+    p_same = acc**G + (1.0 - acc) ** G  # [n] chance that a group's rewards are identical
+    zstd = rng.binomial(n_groups, np.clip(p_same, 0.0, 1.0)) / n_groups
+    zstd = np.where(np.isfinite(zstd_override), zstd_override, zstd)
+    reward_acc = np.clip(acc + noise * (1.0 - zstd), 0.0, 1.0)
+    exact = dead | (zstd >= 1.0)
+    reward_acc = np.where(exact, acc, reward_acc)
+    zstd = np.where(dead, 1.0, zstd)
+    rstd = np.sqrt(np.clip(reward_acc * (1.0 - reward_acc), 0.0, None)) * (1.0 - zstd)
+    scale, offset = float(rng.choice([1.0, 2.5])), float(rng.choice([0.0, 0.0, -1.0]))
+    grad = np.exp(log_g + rng.normal(0.0, 0.3, n))
+    grad = np.where(dead, 0.0, grad)
+    if kind in ("plateau_max", "never_learned"):  # identical groups carry no gradient
+        grad = grad * (1.0 - zstd) + 1e-4 * zstd
+    return pd.DataFrame(
+        {
+            C.STEP: t.astype(int),
+            C.REWARD_MEAN: reward_acc * scale + offset,
+            C.REWARD_STD: rstd * scale,
+            C.FRAC_ZERO_STD_GROUPS: zstd,
+            C.GRAD_NORM: grad,
+            C.ENTROPY: np.clip(ent * np.exp(rng.normal(0.0, 0.05, n)), 1e-5, None),
+            C.COMPLETION_LENGTH: np.clip(length * np.exp(rng.normal(0.0, 0.05, n)), 1.0, None),
+            C.FRAC_TRUNCATED: np.clip(rng.normal(0.02, 0.01, n), 0.0, 1.0),
+            C.KL: 0.05 * (1.0 - np.exp(-t / tau)) * np.exp(rng.normal(0.0, 0.2, n)),
+            C.LOSS: rng.normal(0.0, 0.01, n),
+            C.LEARNING_RATE: np.full(n, 1e-6),
+        }
+    )
