@@ -353,8 +353,7 @@ class Signals:
 
         self._nonfinite(loss, g, marks, rw, h, kl, ln)
         self.rw_closed = self.lp_closed = _NONE_CLOSED
-        # (each EMA's weights: this row's gap when its last value was on the last row, else
-        # its own gap; the first value reads none)
+        weights = self.weights  # (an EMA whose last value is older than the last row's)
         if rw - rw == 0.0:
             seen.add(C.REWARD_MEAN)
             self._reward(rw, step, prev, w_row)
@@ -365,44 +364,30 @@ class Signals:
             self.lp_closed = self.lp_trend.push(step, lp)
         if fd - fd == 0.0:
             seen.add(C.FRAC_CORRECT_DISPLACED)
-            e = self.displaced_ema
-            last = e.last
-            e.push(fd, step, w_row if last == prev or last != last else self.weights(step - last))
+            self.displaced_ema.push(fd, step, prev, w_row, weights)
         if inc - inc == 0.0 and ink - ink == 0.0:
             seen.update((C.INBATCH_N_CORRECT, C.INBATCH_N_CORRECT_DISPLACED))
         if dc - dc == 0.0:
             seen.add(C.DELTA_CORRECT)
-            e = self.delta_correct_ema
-            last = e.last
-            e.push(dc, step, w_row if last == prev or last != last else self.weights(step - last))
+            self.delta_correct_ema.push(dc, step, prev, w_row, weights)
         if g - g == 0.0:
             seen.add(C.GRAD_NORM)  # 0 is a logged value (no gradient), not a missing one
             if g > 0.0:  # the EMAs are geometric: log(0) is left out
-                e = self.log_grad_ema
-                last = e.last
-                w = w_row if last == prev or last != last else self.weights(step - last)
-                e.push(math.log(g), step, w)
+                self.log_grad_ema.push(math.log(g), step, prev, w_row, weights)
         if h - h == 0.0:
             seen.add(C.ENTROPY)
-            e = self.entropy_ema
-            last = e.last
-            e.push(h, step, w_row if last == prev or last != last else self.weights(step - last))
+            self.entropy_ema.push(h, step, prev, w_row, weights)
         if kl - kl == 0.0 and kl >= 0.0:
             seen.add(C.KL)
-            e = self.kl_ema
-            last = e.last
-            e.push(kl, step, w_row if last == prev or last != last else self.weights(step - last))
+            self.kl_ema.push(kl, step, prev, w_row, weights)
         if ln - ln == 0.0:
             seen.add(C.COMPLETION_LENGTH)
-            e = self.length_ema
-            last = e.last
-            e.push(ln, step, w_row if last == prev or last != last else self.weights(step - last))
+            self.length_ema.push(ln, step, prev, w_row, weights)
         if tr - tr == 0.0:
             seen.add(C.FRAC_TRUNCATED)
-            e = self.truncated_ema
-            last = e.last
-            e.push(tr, step, w_row if last == prev or last != last else self.weights(step - last))
-            self.trunc_rows = self.trunc_rows + 1 if e.fast >= cfg.truncation_frac else 0
+            self.truncated_ema.push(tr, step, prev, w_row, weights)
+            fast = self.truncated_ema.fast
+            self.trunc_rows = self.trunc_rows + 1 if fast >= cfg.truncation_frac else 0
         if nc - nc == 0.0:
             seen.add(C.N_CORRECT)
         if lr - lr == 0.0:
@@ -433,10 +418,8 @@ class Signals:
             self.rw_declining = None  # stale: re-tested when next asked
         if closed and closed[-1] >= 2:
             self.rw_decline = self.reward_decline()  # re-tested as its bins close
-        e = self.reward_ema
-        last = e.last
-        e.push(rw, step, w_row if last == prev or last != last else self.weights(step - last))
-        ef = e.fast
+        self.reward_ema.push(rw, step, prev, w_row, self.weights)
+        ef = self.reward_ema.fast
         if not ef >= self.reward_min:
             self.reward_min = ef
         if not ef <= self.reward_peak:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -72,8 +72,8 @@ class Ema:
     EMA (at the slow weight, taken before the fast EMA moves). NaN before the first value; the
     first value sets the three means (``dev`` 0). ``last``: the step of the last value.
 
-    Row by row: ``push(x, step, w)``, ``w`` the three weights (fast, slow, window) of the gap
-    ``step - last`` (the caller caches them by gap: ``Signals.weights``). Whole series:
+    Row by row: ``push(x, step, prev, w_row, weights)`` (the weights of the gap since ``last``,
+    which the caller caches by gap: ``Signals.weights``). Whole series:
     ``Ema.series(values, steps, taus)``, the same EMAs after every finite value. A test checks
     the two agree (``tests/analysis/test_stats.py``)."""
 
@@ -87,13 +87,23 @@ class Ema:
     def reset(self) -> None:
         self.fast = self.slow = self.window = self.dev = self.last = math.nan
 
-    def push(self, x: float, step: float, w: tuple[float, float, float]) -> None:
-        """A finite value ``x`` at ``step``; ``w``: the weights of the gap since ``last``
-        (unread for the first value)."""
-        if self.last != self.last:
+    def push(
+        self,
+        x: float,
+        step: float,
+        prev: float,
+        w_row: tuple[float, float, float],
+        weights: Callable[[float], tuple[float, float, float]],
+    ) -> None:
+        """A finite value ``x`` at ``step``. The weights (fast, slow, window) of the gap since
+        ``last``: ``w_row`` when ``last`` is ``prev`` (the caller's weights of this row's gap,
+        shared by its signals), else ``weights(step - last)``; none for the first value."""
+        last = self.last
+        if last != last:
             self.fast = self.slow = self.window = x
             self.dev = 0.0
         else:
+            w = w_row if last == prev else weights(step - last)
             self.dev += w[1] * (abs(x - self.fast) - self.dev)
             self.fast += w[0] * (x - self.fast)
             self.slow += w[1] * (x - self.slow)

@@ -155,6 +155,28 @@ class _Baseline:
         self.stats_ = (a, b, c)
 
 
+def _beyond(v: float, stats: tuple[float, float, float], up: float, down: float) -> int:
+    """Where a corroborating value ``v`` stands against its baseline ``stats`` (median, min,
+    max of its recent values): 1 at or above ``up`` x the median and above the whole range, -1
+    at or below ``down`` x the median and below it, 0 otherwise (or NaN, or a median <= 0)."""
+    m, lo, hi = stats
+    if v != v or not m > 0.0:
+        return 0
+    if v >= up * m and v > hi:
+        return 1
+    return -1 if v <= down * m and v < lo else 0
+
+
+#: (signal, 1 above / -1 below its baseline) -> the words of a corroborating value ``v`` against
+#: its baseline's median ``m`` (``r`` = v / m, ``p`` = 100 v / m)
+_CORROBORATES: dict[tuple[str, int], str] = {
+    (C.GRAD_NORM, 1): "grad norm {v:.3g} = x{r:.0f} its median {m:.3g}",
+    (C.GRAD_NORM, -1): "grad norm {v:.3g}: dead (median before {m:.3g})",
+    (C.ENTROPY, 1): "entropy {v:.3g} = x{r:.1f} its median {m:.3g}",
+    (C.ENTROPY, -1): "entropy {v:.3g} = {p:.0f}% of its median {m:.3g}",
+    (C.COMPLETION_LENGTH, -1): "completion length {v:.3g} tokens (median before {m:.3g})",
+}
+
 #: The corroborating signals whose finite values feed their baselines, read from ``Signals`` as
 #: attributes named as the columns (``zero_std``: only NaN is left out).
 _FINITE_SIGNALS = (C.GRAD_NORM, C.ENTROPY, C.COMPLETION_LENGTH, C.FRAC_TRUNCATED)
@@ -460,25 +482,17 @@ class LevelShiftCollapse(Check):
         cfg = self.shift
         out: list[str] = []
         base = self._base
-        g = s.grad_norm  # (the columns' names: C.GRAD_NORM, ... read as attributes, per row)
-        if g == g:
-            m, lo, hi = base[C.GRAD_NORM].stats_
-            if m > 0.0 and g >= cfg.grad_surge * m and g > hi:
-                out.append(f"grad norm {g:.3g} = x{g / m:.0f} its median {m:.3g}")
-            elif m > 0.0 and g <= cfg.grad_dead * m and g < lo:
-                out.append(f"grad norm {g:.3g}: dead (median before {m:.3g})")
-        h = s.entropy
-        if h == h:
-            m, lo, hi = base[C.ENTROPY].stats_
-            if m > 0.0 and h >= cfg.entropy_rise * m and h > hi:
-                out.append(f"entropy {h:.3g} = x{h / m:.1f} its median {m:.3g}")
-            elif m > 0.0 and h <= cfg.entropy_fall * m and h < lo:
-                out.append(f"entropy {h:.3g} = {100 * h / m:.0f}% of its median {m:.3g}")
-        ln = s.completion_length
-        if ln == ln:
-            m, lo, _ = base[C.COMPLETION_LENGTH].stats_
-            if m > 0.0 and ln <= cfg.length_fall * m and ln < lo:
-                out.append(f"completion length {ln:.3g} tokens (median before {m:.3g})")
+        # (the columns' names: C.GRAD_NORM, ... read as attributes, per row)
+        for col, v, up, down in (
+            (C.GRAD_NORM, s.grad_norm, cfg.grad_surge, cfg.grad_dead),
+            (C.ENTROPY, s.entropy, cfg.entropy_rise, cfg.entropy_fall),
+            (C.COMPLETION_LENGTH, s.completion_length, math.inf, cfg.length_fall),
+        ):
+            stats = base[col].stats_
+            side = _beyond(v, stats, up, down)
+            if side:
+                m = stats[0]
+                out.append(_CORROBORATES[col, side].format(v=v, m=m, r=v / m, p=100 * v / m))
         tr = s.frac_truncated
         if tr == tr:
             m, _, hi = base[C.FRAC_TRUNCATED].stats_
