@@ -23,6 +23,7 @@ import pandas as pd
 from lld_monitor import columns as C
 from lld_monitor.analysis.detector import INPUT_COLUMNS, DetectorConfig, PhaseDetector
 from lld_monitor.events import Alert
+from lld_monitor.runlog.reader import one_row_per_step
 
 _LLD_PHASES = ("stagnation", "decay", "collapse")
 _RANK = {"unknown": 0, "healthy": 0, "stagnation": 1, "decay": 2, "collapse": 3}
@@ -123,9 +124,9 @@ def load_steps(obj: Any) -> pd.DataFrame:
 
 
 def prepare_steps(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows sorted by step, one per step (the last: as the importers and the run log keep it,
-    so a table gives the same analysis as a DataFrame, a CSV file or a run folder), numeric
-    columns; the detector's input."""
+    """Rows sorted by step, one per step (``runlog.one_row_per_step``, the rule the importers
+    and the run log follow, so a table gives the same analysis as a DataFrame, a CSV file or a
+    run folder), numeric columns; the detector's input."""
     if C.STEP not in df.columns:
         raise ValueError(
             f"the table has no {C.STEP!r} column; give each row its optimizer step "
@@ -147,8 +148,7 @@ def prepare_steps(df: pd.DataFrame) -> pd.DataFrame:
         return out.reset_index(drop=True)
     out = df.loc[step.notna()].copy()
     out[C.STEP] = step[step.notna()].astype(np.int64)
-    out = out.sort_values(C.STEP, kind="stable").drop_duplicates(C.STEP, keep="last")
-    return out.reset_index(drop=True)
+    return one_row_per_step(out).reset_index(drop=True)
 
 
 #: Rows converted to Python floats at a time by ``replay`` (a long table is never held as

@@ -16,6 +16,7 @@ from lld_monitor import columns as C
 from lld_monitor.importers.base import ImportFormatError
 from lld_monitor.importers.names import _LOOKUP, _NON_TRAINING, _reward_fn_name
 from lld_monitor.importers.text import _scalar
+from lld_monitor.runlog.reader import one_row_per_step
 
 
 def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
@@ -90,7 +91,7 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         return pd.DataFrame(columns=list(out.columns)), unmapped
     out, step_notes, increasing = _checked_steps(out)
     if not increasing:  # (else one row a step, in order)
-        out = out.groupby(C.STEP, sort=True, as_index=False).last()
+        out = one_row_per_step(out)
     if out[C.STEP].dtype != np.int64:
         out[C.STEP] = out[C.STEP].astype("int64")
     out = out.reset_index(drop=True)

@@ -35,6 +35,7 @@ from lld_monitor.runlog.reader import (
     RunReader,
     _fast_steps,
     load_run,
+    one_row_per_step,
 )
 from lld_monitor.runlog.writer import (
     RunWriter,
@@ -64,4 +65,5 @@ __all__ = [
     "is_run_dir",
     "load_run",
     "logger",
+    "one_row_per_step",
 ]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from lld_monitor import columns as C
@@ -235,8 +236,30 @@ def _parse_steps(data: bytes, *, final: bool) -> tuple[pd.DataFrame, int, int]:
     return frame, garbled + no_step, consumed
 
 
+def one_row_per_step(steps: pd.DataFrame) -> pd.DataFrame:
+    """The step table with one row a step, sorted by step: THE rule for a repeated step, used
+    by the run log's reader, the importers, the analyzer and the dashboard's live tables.
+
+    The rows of one step merge, each column taking its last value that is not missing: a later
+    row wins where it has a value, and a cell it leaves blank keeps the earlier value (a foreign
+    logger writes one step's metrics in several records; a resumed run logs a step again).
+    Rows without a step are dropped; a table already one row a step, in order, is returned as
+    it is (no copy)."""
+    if C.STEP not in steps.columns or steps.empty:
+        return steps
+    step = steps[C.STEP]
+    values = step.to_numpy()
+    if values.dtype.kind in "iu" or (values.dtype.kind == "f" and not np.isnan(values).any()):
+        if bool((values[1:] > values[:-1]).all()):
+            return steps
+    cols = list(steps.columns)
+    out = steps.groupby(C.STEP, sort=True, as_index=False).last()
+    return out[cols].reset_index(drop=True)
+
+
 def load_run(path: str | os.PathLike[str] | Run) -> Run:
-    """Load a run folder; torn/garbled lines are skipped; a repeated step keeps its last row."""
+    """Load a run folder; torn/garbled lines are skipped; a repeated step is one row
+    (``one_row_per_step``)."""
     if isinstance(path, Run):
         return path
     run_path = Path(path)
@@ -245,8 +268,7 @@ def load_run(path: str | os.PathLike[str] | Run) -> Run:
     closed = _read_closed(run_path)  # read before the steps: closed + steps => all steps seen
     steps, steps_skipped, _ = _parse_steps((run_path / STEPS_FILE).read_bytes(), final=True)
     if len(steps):
-        steps = steps.drop_duplicates(subset=C.STEP, keep="last")
-        steps = steps.sort_values(C.STEP, kind="stable").reset_index(drop=True)
+        steps = one_row_per_step(steps).reset_index(drop=True)
     event_records, events_garbled = _read_jsonl(run_path / EVENTS_FILE)
     events = _events_frame(event_records)
     skipped = {STEPS_FILE: steps_skipped, EVENTS_FILE: events_garbled}

@@ -166,3 +166,38 @@ def test_a_duplicated_step_keeps_the_same_row_from_a_frame_and_from_its_csv(tmp_
     df.to_csv(path, index=False)
     from_csv = prepare_steps(load_table(path))
     assert from_csv[C.REWARD_MEAN].tolist() == prepared[C.REWARD_MEAN].tolist()
+
+
+def test_a_repeated_step_is_one_row_by_one_rule_in_a_frame_a_csv_and_a_run_folder(tmp_path):
+    # step 2 logged twice: loss 1.0 and reward 0.5, then loss 9.0 and no reward (a resumed
+    # run, or a logger that writes one step in two records): the later value wins where it
+    # has one, the blank keeps the earlier (runlog.one_row_per_step), read from every source
+    from lld_monitor.importers import load_table
+    from lld_monitor.runlog import RunWriter, one_row_per_step
+
+    rows = [
+        {C.STEP: 1, C.LOSS: 1.0, C.REWARD_MEAN: 0.4},
+        {C.STEP: 2, C.LOSS: 1.0, C.REWARD_MEAN: 0.5},
+        {C.STEP: 3, C.LOSS: 1.0, C.REWARD_MEAN: 0.6},
+        {C.STEP: 2, C.LOSS: 9.0, C.REWARD_MEAN: float("nan")},
+    ]
+    df = pd.DataFrame(rows)
+    want = {C.STEP: [1, 2, 3], C.LOSS: [1.0, 9.0, 1.0], C.REWARD_MEAN: [0.4, 0.5, 0.6]}
+    merged = one_row_per_step(df)
+    assert merged[list(want)].to_dict("list") == want
+    assert prepare_steps(df)[list(want)].to_dict("list") == want
+    df.to_csv(tmp_path / "t.csv", index=False)
+    assert load_table(tmp_path / "t.csv")[list(want)].to_dict("list") == want
+    w = RunWriter(tmp_path / "run")
+    for r in rows[:3]:
+        w.log_step(r)
+    w.close()
+    w = RunWriter(tmp_path / "run", resume=True)
+    w.log_step({C.STEP: 2, C.LOSS: 9.0})  # (the resumed run logs no reward at step 2)
+    w.close()
+    from lld_monitor.runlog import load_run
+
+    assert load_run(tmp_path / "run").steps[list(want)].to_dict("list") == want
+    # a table already one row a step, in order, is the same object (no copy)
+    ordered = df.iloc[:3]
+    assert one_row_per_step(ordered) is ordered

@@ -356,10 +356,9 @@ class LiveRun:
         self._frame = None
         if in_order:
             self._store.append(new_steps)
-        else:  # a rewritten or resumed step: the last row of a step wins, as in runlog.load_run
+        else:  # a rewritten or resumed step: one row a step, as runlog.load_run reads it
             merged = pd.concat([self.steps, new_steps], ignore_index=True)
-            merged = merged.drop_duplicates(subset=C.STEP, keep="last").sort_values(C.STEP)
-            self._store.replace(merged.reset_index(drop=True))
+            self._store.replace(runlog.one_row_per_step(merged).reset_index(drop=True))
         return len(new_steps)
 
     def _refresh_foreign(self) -> int:
