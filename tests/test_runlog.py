@@ -527,3 +527,39 @@ def test_nonfinite_marks_survive_the_importer_and_only_name_failure_columns(tmp_
     assert df[C.NONFINITE].tolist() == [""] * 24 + ["loss"] + [""] * 5
     assert C.NONFINITE not in (df.attrs.get("unmapped_columns") or [])
     assert [(a.step, a.kind) for a in analyze_run(df).alerts] == [(25, "nonfinite")]
+
+
+# --- the run follower ---------------------------------------------------------------------------
+
+
+def test_run_follower_reads_each_row_once_and_keeps_one_row_a_step(tmp_path: Path) -> None:
+    from lld_monitor.runlog import RunFollower
+
+    path = tmp_path / "r"
+    w = _write_run(path, 3, close=False)  # (each row is written as it is logged)
+    f = RunFollower(path)
+    assert f.n_rows == 0 and f.last_step == -math.inf and not f.finished
+    assert f.poll() == 3 and f.steps[C.STEP].tolist() == [0, 1, 2]
+    first_view = f.steps
+    assert f.poll() == 0  # nothing new: nothing read again
+    w.log_step(_row(3))
+    w.log_event(make_event("alert", 3, kind="decay", severity="warning", message="m"))
+    assert f.poll() == 1 and f.steps[C.STEP].tolist() == [0, 1, 2, 3]
+    assert first_view[C.STEP].tolist() == [0, 1, 2]  # an earlier view stays valid
+    assert "alert" in f.events[C.EVENT_TYPE].tolist()
+    w.close()
+    # a resumed run writes step 2 again, without a reward: the step merges (one_row_per_step)
+    w = RunWriter(path, resume=True)
+    w.log_step({C.STEP: 2, C.DELTA_CORRECT: -9.0})
+    w.close()
+    assert f.poll() == 1
+    steps = f.steps
+    assert steps[C.STEP].tolist() == [0, 1, 2, 3]
+    row2 = steps[steps[C.STEP] == 2].iloc[0]
+    assert row2[C.DELTA_CORRECT] == -9.0 and row2[C.REWARD_MEAN] == pytest.approx(0.2)
+    assert f.finished and f.skipped_lines == 0
+    pd.testing.assert_frame_equal(
+        steps[[C.STEP, C.REWARD_MEAN, C.DELTA_CORRECT]],
+        load_run(path).steps[[C.STEP, C.REWARD_MEAN, C.DELTA_CORRECT]],
+        check_dtype=False,
+    )

@@ -30,6 +30,7 @@ from lld_monitor.runlog.common import (
     is_run_dir,
     logger,
 )
+from lld_monitor.runlog.follow import ColumnStore, RunFollower
 from lld_monitor.runlog.reader import (
     Run,
     RunReader,
@@ -54,7 +55,9 @@ __all__ = [
     "TOKENS_DIR",
     "WRITE_WARNING_EVERY_S",
     "_FAST_PATH_MIN_BYTES",
+    "ColumnStore",
     "Run",
+    "RunFollower",
     "RunFormatError",
     "RunReader",
     "RunSummaryError",

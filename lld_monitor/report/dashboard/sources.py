@@ -26,6 +26,7 @@ from lld_monitor import runlog
 from lld_monitor.report.charts import Band, Marker
 from lld_monitor.report.dashboard import service
 from lld_monitor.report.dashboard.service import _stat_key
+from lld_monitor.runlog import ColumnStore, RunFollower
 
 #: Files larger than this are not read while listing (to leave out one that logs no training
 #: metric); they are listed, and can be named as a RUN.
@@ -191,74 +192,6 @@ def _no_rows(path: Path, run: str | None) -> bool:
     return _NO_ROWS_CACHE[key]
 
 
-# --- growable step table ----------------------------------------------------------------------
-
-
-class ColumnStore:
-    """Step rows in growable float columns: appending m rows costs O(m) amortized, not O(rows).
-
-    ``frame()`` views the columns as a DataFrame without copying them.
-    """
-
-    def __init__(self) -> None:
-        self._cols: dict[str, np.ndarray] = {}
-        self._n = 0
-        self._cap = 0
-
-    def __len__(self) -> int:
-        return self._n
-
-    @property
-    def last_step(self) -> float:
-        """The step of the last row (-inf when empty)."""
-        if self._n == 0 or C.STEP not in self._cols:
-            return -math.inf
-        return float(self._cols[C.STEP][self._n - 1])
-
-    def append(self, rows: pd.DataFrame) -> None:
-        """Append ``rows`` (numeric columns; others become NaN) after the current ones."""
-        m = len(rows)
-        if m == 0:
-            return
-        first = self._cap == 0
-        if not first and self._n + m > self._cap:
-            self._grow(max(2 * self._cap, self._n + m, 1024))
-        for col in rows.columns:
-            values = pd.to_numeric(rows[col], errors="coerce").to_numpy(
-                dtype=float, na_value=np.nan
-            )
-            if first:  # the first rows' arrays become the columns (no copy; a later append
-                self._cols[col] = values  # grows them into new buffers, never writes in these)
-                continue
-            if col not in self._cols:
-                self._cols[col] = np.full(self._cap, np.nan)
-            self._cols[col][self._n : self._n + m] = values
-        if first:
-            self._cap = m
-        self._n += m
-
-    def _grow(self, capacity: int) -> None:
-        for col, arr in self._cols.items():
-            new = np.full(capacity, np.nan)
-            new[: self._n] = arr[: self._n]
-            self._cols[col] = new
-        self._cap = capacity
-
-    def frame(self) -> pd.DataFrame:
-        """The rows as a DataFrame, canonical columns first (a view: do not write to it)."""
-        order = [c for c in C.STEP_COLUMNS if c in self._cols]
-        order += sorted(c for c in self._cols if c not in order)
-        data = {c: self._cols[c][: self._n] for c in order}
-        if C.STEP in data:  # steps are integers; the one column copied
-            data[C.STEP] = data[C.STEP].astype(np.int64)
-        return pd.DataFrame(data, copy=False)
-
-    def replace(self, rows: pd.DataFrame) -> None:
-        """Drop every row and hold ``rows`` instead."""
-        self._cols, self._n, self._cap = {}, 0, 0
-        self.append(rows)
-
-
 # --- the live state of one run ------------------------------------------------------------------
 
 
@@ -293,8 +226,8 @@ class LiveRun:
     analysis: Any = None
     analysis_error: str | None = None
     closed: bool = False
-    _store: ColumnStore = field(default_factory=ColumnStore)
-    _reader: Any = None
+    _store: ColumnStore = field(default_factory=ColumnStore)  # (a foreign log's rows)
+    _follower: RunFollower | None = None  # (our run folder's)
     _run: Any = None
     _foreign_key: tuple[float, int] | None = None
     _token_summaries: dict[int, tuple[int, int, int]] = field(default_factory=dict)
@@ -306,13 +239,20 @@ class LiveRun:
     @property
     def steps(self) -> pd.DataFrame:
         """Every step row read so far, sorted by step (canonical columns first)."""
+        if self._follower is not None:
+            return self._follower.steps
         if self._frame is None:
             self._frame = self._store.frame()
         return self._frame
 
     @property
     def n_rows(self) -> int:
-        return len(self._store)
+        return self._follower.n_rows if self._follower is not None else len(self._store)
+
+    @property
+    def last_step(self) -> float:
+        """The last step read (-inf before any)."""
+        return self._follower.last_step if self._follower is not None else self._store.last_step
 
     def refresh(self) -> int:
         """Read what was added since the last call; returns the number of new step rows."""
@@ -331,35 +271,20 @@ class LiveRun:
         return added
 
     def _refresh_run(self) -> int:
-        if self._reader is None:
-            self._reader = runlog.RunReader(self.target.path)
-            self.meta = dict(self._reader.meta)
+        if self._follower is None:
+            self._follower = runlog.RunFollower(self.target.path)
+            self.meta = dict(self._follower.meta)
             # tokens and file times come from the reader too: no re-read of the steps
-            self._run = self._reader
-        new_steps = self._reader.read_steps()
-        new_events = self._reader.read_events()
-        if len(new_events):
-            frames = [f for f in (self.events, new_events) if len(f)]
-            self.events = pd.concat(frames, ignore_index=True) if len(frames) > 1 else new_events
-        self.closed = bool(self._reader.finished)
-        skipped = sum(self._reader.skipped_lines.values())
+            self._run = self._follower.reader
+        follower = self._follower
+        added = follower.poll()
+        self.events = follower.events
+        self.closed = follower.finished
+        skipped = follower.skipped_lines
         self.notes = (
             [f"skipped {skipped} garbled or torn line(s) in the run log"] if skipped else []
         )
-        return self._append(new_steps)
-
-    def _append(self, new_steps: pd.DataFrame) -> int:
-        if new_steps.empty or C.STEP not in new_steps:
-            return 0
-        steps = pd.to_numeric(new_steps[C.STEP], errors="coerce").to_numpy(dtype=float)
-        in_order = bool(np.all(np.diff(steps) > 0)) and steps[0] > self._store.last_step
-        self._frame = None
-        if in_order:
-            self._store.append(new_steps)
-        else:  # a rewritten or resumed step: one row a step, as runlog.load_run reads it
-            merged = pd.concat([self.steps, new_steps], ignore_index=True)
-            self._store.replace(runlog.one_row_per_step(merged).reset_index(drop=True))
-        return len(new_steps)
+        return added
 
     def _refresh_foreign(self) -> int:
         from lld_monitor import importers
@@ -433,7 +358,7 @@ class LiveRun:
                 return
             if self.target.key in service._DEFERRED:  # ... or will be (start_background)
                 return
-            handed = service.take_verdict_analysis(self.target, n, self._store.last_step)
+            handed = service.take_verdict_analysis(self.target, n, self.last_step)
             if handed is not None:  # the picker's verdict analysed these very rows
                 self.analysis, self.analysis_error = handed, None
             else:
@@ -482,7 +407,7 @@ class LiveRun:
         events logged after it."""
         out = list(self._analysed().bands)
         covered = max((b.end_step for b in out), default=-math.inf)
-        last_step = self._store.last_step
+        last_step = self.last_step
         later = [e for e in self._event_records("phase") if e["step"] > covered]
         for i, ev in enumerate(later):
             end = later[i + 1]["step"] if i + 1 < len(later) else last_step
