@@ -346,3 +346,46 @@ def test_bad_widening_keywords_raise_clear_errors():
         make_run("healthy", noise_ar=1.0)
     with pytest.raises(ValueError, match="displaced must be a share"):
         make_run("healthy", batch_size=8, displaced=1.5)
+
+
+def test_ar1_noise_is_the_recursion_scipy_computes() -> None:
+    # testing.base._ar1 runs y[i] = z[i] + phi y[i-1] itself (scipy is a test dependency only):
+    # the same floats as scipy.signal.lfilter([1], [1, -phi]) on the same draws
+    import math
+
+    import numpy as np
+    from scipy.signal import lfilter
+
+    from lld_monitor.testing.base import _ar1
+
+    for phi in (0.0, 0.3, 0.59):
+        got = _ar1(np.random.default_rng(4), 500, 0.2, phi)
+        z = np.random.default_rng(4).normal(0.0, 0.2, 500)
+        if phi:
+            z[1:] *= math.sqrt(1.0 - phi * phi)
+            z = lfilter([1.0], [1.0, -phi], z)
+        np.testing.assert_array_equal(got, z)
+    assert len(_ar1(np.random.default_rng(0), 0, 1.0, 0.5)) == 0
+
+
+def test_the_package_runs_without_scipy(tmp_path) -> None:
+    # scipy is a test dependency only: simulate (AR(1) noise included), analyze and triage with
+    # scipy unimportable
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["scipy"] = None  # (import scipy now raises ImportError)
+        from lld_monitor.testing import make_run, make_standard_run
+        from lld_monitor.analysis import analyze_run
+        run = make_run("collapse", seed=1, noise_level="medium", rows_per_batch=2)
+        std = make_standard_run("drop", 2)
+        print(len(analyze_run(run.steps).alerts) > 0, len(analyze_run(std.steps).phases) > 0)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True"]

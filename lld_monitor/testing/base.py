@@ -41,7 +41,13 @@ def _ar1(rng: np.random.Generator, n: int, sd: float, phi: float) -> np.ndarray:
     z = rng.normal(0.0, sd, n)
     if phi == 0.0 or n == 0:
         return z
-    from scipy.signal import lfilter  # (here: scipy.signal costs every CLI call ~0.6 s to import)
-
     z[1:] *= math.sqrt(1.0 - phi * phi)
-    return lfilter([1.0], [1.0, -phi], z)
+    # y[i] = z[i] + phi y[i-1], y[0] = z[0]: the recursion scipy.signal.lfilter([1], [1, -phi])
+    # computes, in the same float operations (a test checks them equal where scipy is
+    # installed: it is a test dependency, not one of the package's)
+    values = z.tolist()
+    prev = 0.0
+    for i, v in enumerate(values):
+        prev = v + phi * prev
+        values[i] = prev
+    return np.array(values)
