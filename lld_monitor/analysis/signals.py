@@ -11,13 +11,12 @@ All windows are in *steps* (the ``step`` column), never in rows, so sparse loggi
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
 from lld_monitor import columns as C
 from lld_monitor.analysis.config import DetectorConfig
-from lld_monitor.analysis.stats import Ema, ema_weight
+from lld_monitor.analysis.stats import Ema, RollingOLS, ema_weight
 from lld_monitor.analysis.trend import (
     MultiScaleTrend,
     TrendFit,
@@ -27,6 +26,7 @@ from lld_monitor.analysis.trend import (
 )
 
 _NAN = float("nan")
+_RollingOLS = RollingOLS  # (its name before it moved to stats.py)
 _NONE_CLOSED: list[int] = []  # shared, never mutated: no trend level closed this row
 _enc = json_float
 _dec = from_json_float
@@ -104,93 +104,6 @@ def _others(rw: float, h: float, kl: float, ln: float) -> bool:
     return rw - rw == 0.0 or h - h == 0.0 or kl - kl == 0.0 or ln - ln == 0.0
 
 
-class _RollingOLS:
-    """Least-squares line through the (step, value) pairs of a trailing window of steps.
-
-    Running sums make push and fit O(1); the sums are rebuilt from the window every
-    ``len(window)`` pushes (amortized O(1)) so rounding cannot accumulate over long runs.
-    """
-
-    __slots__ = ("buf", "min_rows", "n_since", "s", "steps")
-
-    def __init__(self, steps: float, min_rows: int) -> None:
-        self.steps = steps
-        self.min_rows = min_rows
-        self.buf: deque[tuple[float, float]] = deque()
-        self.s = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # anchor, n, sx, sy, sxx, sxy, syy
-        self.n_since = 0
-
-    def push(self, x: float, y: float) -> None:
-        buf, s = self.buf, self.s
-        buf.append((x, y))
-        dx = x - s[0]
-        s[1] += 1.0
-        s[2] += dx
-        s[3] += y
-        s[4] += dx * dx
-        s[5] += dx * y
-        s[6] += y * y
-        lim = x - self.steps
-        keep = self.min_rows
-        while buf[0][0] <= lim and len(buf) > keep:
-            ox, oy = buf.popleft()
-            dx = ox - s[0]
-            s[1] -= 1.0
-            s[2] -= dx
-            s[3] -= oy
-            s[4] -= dx * dx
-            s[5] -= dx * oy
-            s[6] -= oy * oy
-        self.n_since += 1
-        if self.n_since >= 16 and self.n_since >= len(buf):
-            self._recompute()
-
-    def _recompute(self) -> None:
-        a = self.buf[0][0]
-        n = sx = sy = sxx = sxy = syy = 0.0
-        for x, y in self.buf:
-            dx = x - a
-            n += 1.0
-            sx += dx
-            sy += y
-            sxx += dx * dx
-            sxy += dx * y
-            syy += y * y
-        self.s = [a, n, sx, sy, sxx, sxy, syy]
-        self.n_since = 0
-
-    def fit(self) -> tuple[float, float, float, float, float]:
-        """(slope per step, its t, span in steps, fitted first value, fitted last value)."""
-        buf = self.buf
-        n = len(buf)
-        if n < 3:
-            return _NAN, _NAN, 0.0, _NAN, _NAN
-        a, _, sx, sy, sxx, sxy, syy = self.s
-        mx, my = sx / n, sy / n
-        vxx = sxx - sx * mx
-        if vxx <= 0.0:
-            return _NAN, _NAN, 0.0, _NAN, _NAN
-        cxy = sxy - sx * my
-        slope = cxy / vxx
-        rss = max(syy - sy * my - slope * cxy, 0.0)
-        se = math.sqrt(rss / (n - 2) / vxx)
-        t = slope / se if se > 0.0 else (math.copysign(math.inf, slope) if slope else 0.0)
-        x0, x1 = buf[0][0] - a, buf[-1][0] - a
-        return slope, t, x1 - x0, my + slope * (x0 - mx), my + slope * (x1 - mx)
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "buf": [[_enc(x), _enc(y)] for x, y in self.buf],
-            "s": [_enc(v) for v in self.s],
-            "n_since": self.n_since,
-        }
-
-    def load(self, d: Mapping[str, Any]) -> None:
-        self.buf = deque((_dec(x), _dec(y)) for x, y in d["buf"])
-        self.s = [_dec(v) for v in d["s"]]
-        self.n_since = int(d["n_since"])
-
-
 def warm_rows(steps: Any, config: DetectorConfig) -> Any:
     """[n] ``Signals.warm`` after each row of a replay whose every row is accepted (steps
     strictly increasing): ``warmup_steps`` steps since the first row and ``warmup_rows`` rows,
@@ -215,7 +128,7 @@ class Signals:
     each of ``EMA_SIGNALS``: ``entropy_ema.fast``, ``log_grad_ema.slow``, ...); ``reward_peak``
     (highest fast reward EMA), ``reward_min``, ``reward_trough`` (lowest before the peak);
     ``kl_ref`` (lowest slow KL EMA once warm); ``entropy_early`` / ``length_early`` (means over
-    the warm-up rows); ``trunc_rows``; ``lp_short`` (``_RollingOLS`` of logp_correct over
+    the warm-up rows); ``trunc_rows``; ``lp_short`` (``stats.RollingOLS`` of logp_correct over
     ``short_steps``), ``lp_trend`` / ``rw_trend`` (``MultiScaleTrend`` of logp_correct / the
     reward) and ``lp_closed`` / ``rw_closed`` (their levels that closed a bin this row);
     ``rw_decline``; ``seen`` (columns seen finite); ``phase`` (the detector's phase before this
@@ -275,7 +188,7 @@ class Signals:
         self.bad_grad = False
         for g in EMA_SIGNALS:
             setattr(self, f"{g}_ema", Ema())
-        self.lp_short = _RollingOLS(cfg.short_steps, cfg.min_short_rows)
+        self.lp_short = RollingOLS(cfg.short_steps, cfg.min_short_rows)
         self.lp_trend = MultiScaleTrend(
             cfg.trend_base_steps, cfg.trend_bins, cfg.trend_levels, cfg.trend_alpha
         )

@@ -27,7 +27,8 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,165 @@ _MAD_TO_SD_DIFF = 0.9539  # median |d| of d = e1 - e2, e ~ N(0, s^2): 0.6745 * s
 def ema_weight(dt: float, tau: float) -> float:
     """Weight of a new value in an EMA with time constant ``tau`` steps, ``dt`` steps later."""
     return 1.0 - math.exp(-dt / tau)
+
+
+def json_float(v: float) -> float | str | None:
+    """A float as strict JSON: NaN -> null, +-inf -> "inf" / "-inf"."""
+    if v != v:
+        return None
+    if v in (math.inf, -math.inf):
+        return "inf" if v > 0 else "-inf"
+    return v
+
+
+def from_json_float(v: float | str | None) -> float:
+    """Inverse of ``json_float``."""
+    return math.nan if v is None else float(v)
+
+
+class RollingOLS:
+    """Least-squares line through the (step, value) pairs of a trailing window of ``steps``
+    steps (at least ``min_rows`` pairs kept): the sharp-drop test of ``logp_correct``.
+
+    Row by row: ``push(x, y)`` then ``fit()`` -> (slope per step, its t, span in steps, fitted
+    first value, fitted last value); running sums make both O(1), rebuilt from the window every
+    ``len(window)`` pushes (amortized O(1)) so rounding cannot accumulate over long runs. Whole
+    series: ``RollingOLS.series(x, y, steps, min_rows)``, the fit after every pair at once (the
+    window sums from prefix sums). A test checks the two agree.
+    """
+
+    __slots__ = ("buf", "min_rows", "n_since", "s", "steps")
+
+    def __init__(self, steps: float, min_rows: int) -> None:
+        self.steps = steps
+        self.min_rows = min_rows
+        self.buf: deque[tuple[float, float]] = deque()
+        self.s = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # anchor, n, sx, sy, sxx, sxy, syy
+        self.n_since = 0
+
+    def push(self, x: float, y: float) -> None:
+        buf, s = self.buf, self.s
+        buf.append((x, y))
+        dx = x - s[0]
+        s[1] += 1.0
+        s[2] += dx
+        s[3] += y
+        s[4] += dx * dx
+        s[5] += dx * y
+        s[6] += y * y
+        lim = x - self.steps
+        keep = self.min_rows
+        while buf[0][0] <= lim and len(buf) > keep:
+            ox, oy = buf.popleft()
+            dx = ox - s[0]
+            s[1] -= 1.0
+            s[2] -= dx
+            s[3] -= oy
+            s[4] -= dx * dx
+            s[5] -= dx * oy
+            s[6] -= oy * oy
+        self.n_since += 1
+        if self.n_since >= 16 and self.n_since >= len(buf):
+            self._recompute()
+
+    def _recompute(self) -> None:
+        a = self.buf[0][0]
+        n = sx = sy = sxx = sxy = syy = 0.0
+        for x, y in self.buf:
+            dx = x - a
+            n += 1.0
+            sx += dx
+            sy += y
+            sxx += dx * dx
+            sxy += dx * y
+            syy += y * y
+        self.s = [a, n, sx, sy, sxx, sxy, syy]
+        self.n_since = 0
+
+    def fit(self) -> tuple[float, float, float, float, float]:
+        """(slope per step, its t, span in steps, fitted first value, fitted last value)."""
+        buf = self.buf
+        n = len(buf)
+        if n < 3:
+            return math.nan, math.nan, 0.0, math.nan, math.nan
+        a, _, sx, sy, sxx, sxy, syy = self.s
+        mx, my = sx / n, sy / n
+        vxx = sxx - sx * mx
+        if vxx <= 0.0:
+            return math.nan, math.nan, 0.0, math.nan, math.nan
+        cxy = sxy - sx * my
+        slope = cxy / vxx
+        rss = max(syy - sy * my - slope * cxy, 0.0)
+        se = math.sqrt(rss / (n - 2) / vxx)
+        t = slope / se if se > 0.0 else (math.copysign(math.inf, slope) if slope else 0.0)
+        x0, x1 = buf[0][0] - a, buf[-1][0] - a
+        return slope, t, x1 - x0, my + slope * (x0 - mx), my + slope * (x1 - mx)
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "buf": [[json_float(x), json_float(y)] for x, y in self.buf],
+            "s": [json_float(v) for v in self.s],
+            "n_since": self.n_since,
+        }
+
+    def load(self, d: Mapping[str, Any]) -> None:
+        self.buf = deque((from_json_float(x), from_json_float(y)) for x, y in d["buf"])
+        self.s = [from_json_float(v) for v in d["s"]]
+        self.n_since = int(d["n_since"])
+
+    @staticmethod
+    def series(
+        x: Sequence[float] | np.ndarray,
+        y: Sequence[float] | np.ndarray,
+        steps: float,
+        min_rows: int,
+    ) -> dict[str, np.ndarray]:
+        """``fit()`` after each pair of a whole series (``x`` strictly increasing): {"slope",
+        "t", "span", "first", "last"}: [n] each. The window after pair i is the pairs from the
+        first with x > x[i] - steps, or the last ``min_rows``, whichever holds more; its sums
+        are taken about its first x, a window offset at a time (O(n x the longest window))."""
+        x = np.asarray(x, dtype=float)  # [n]
+        y = np.asarray(y, dtype=float)  # [n]
+        n = len(x)
+        idx = np.arange(n)
+        start = np.minimum(np.searchsorted(x, x - steps, side="right"), idx - min_rows + 1)
+        start = np.maximum(start, 0)  # [n] first pair of each window
+        m = (idx + 1 - start).astype(float)  # [n] pairs in each window
+        # the sums of each window about its own first x (as the running sums are, about their
+        # anchor), a window offset at a time: exact sums, no difference of long prefix sums
+        zero = np.zeros(n)
+        sx, sy, sxx, sxy, syy = (zero.copy() for _ in range(5))
+        for k in range(int(m.max()) if n else 0):
+            j = start + k
+            inside = j <= idx  # [n]
+            jj = np.where(inside, j, idx)
+            dx = np.where(inside, x[jj] - x[start], 0.0)
+            yk = np.where(inside, y[jj], 0.0)
+            sx += dx
+            sy += yk
+            sxx += dx * dx
+            sxy += dx * yk
+            syy += yk * yk
+        d = x - x[start]  # (x0 of each window is 0 in its own frame)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mx, my = sx / m, sy / m
+            vxx = sxx - sx * mx
+            cxy = sxy - sx * my
+            slope = cxy / vxx
+            rss = np.maximum(syy - sy * my - slope * cxy, 0.0)
+            se = np.sqrt(rss / (m - 2.0) / vxx)
+            t = np.where(se > 0.0, slope / se, np.sign(slope) * np.inf)
+            t = np.where((se > 0.0) | (slope != 0.0), t, 0.0)
+        x0, x1 = np.zeros(n), d
+        ok = (m >= 3) & (vxx > 0.0)
+        nan = np.full(n, np.nan)
+        return {
+            "slope": np.where(ok, slope, nan),
+            "t": np.where(ok, t, nan),
+            "span": np.where(ok, x1 - x0, 0.0),
+            "first": np.where(ok, my + slope * (x0 - mx), nan),
+            "last": np.where(ok, my + slope * (x1 - mx), nan),
+        }
 
 
 class Ema:
@@ -224,6 +384,130 @@ def series_noise_sd(
             d2 = np.abs(means[2:] - 2.0 * means[1:-1] + means[:-2])
             s = max(s, block_sd(d2.tolist(), b))
     return s
+
+
+class BlockNoise:
+    """The long-run sd of one row from the means of consecutive ``b``-row blocks
+    (``stats.block_sd``: the median |second difference| of consecutive block means, which a
+    learning rise or a slow decline does not inflate, x sqrt(b)), from the last ``n`` second
+    differences; NaN before 8 (fewer: the fall itself could be their median). Rows that
+    correlate (a rollout batch logged on several rows, a wandering prompt difficulty) vary less
+    from row to row than their means do over blocks. Row by row: ``push(x)`` then ``sd()``; whole
+    series: ``BlockNoise.series``; a test checks they agree."""
+
+    __slots__ = ("b", "count", "d2", "last", "prev", "total")
+
+    def __init__(self, b: int, n: int) -> None:
+        self.b = b
+        self.total = 0.0
+        self.count = 0
+        self.last = math.nan  # the last block mean
+        self.prev = math.nan  # the one before it
+        self.d2: deque[float] = deque(maxlen=n)
+
+    def push(self, x: float) -> None:
+        """One more row (the level-shift check adds its rows inline, the same three lines: a
+        call a row saved on its hot path)."""
+        self.total += x
+        self.count += 1
+        if self.count >= self.b:
+            self.close()
+
+    def close(self) -> None:
+        """The block is complete (``count == b`` rows summed in ``total``, added by the check's
+        per-row update, inline): its mean goes in, the next block starts."""
+        m = self.total / self.b
+        if self.prev == self.prev:
+            self.d2.append(abs(m - 2.0 * self.last + self.prev))
+        self.prev, self.last = self.last, m
+        self.total, self.count = 0.0, 0
+
+    def sd(self) -> float:
+        d = self.d2
+        return block_sd(d, self.b) if len(d) >= 8 else math.nan
+
+    @staticmethod
+    def series(x: Sequence[float] | np.ndarray, b: int, n: int) -> np.ndarray:
+        """``sd()`` after each row of a whole series: [len(x)]. The block means at once; each
+        sd from the last ``n`` second differences of the blocks complete by that row."""
+        x = np.asarray(x, dtype=float)  # [rows]
+        k = len(x) // b
+        # [k] block means: each block summed left to right, as the rows are (cumsum is in order)
+        means = np.cumsum(x[: k * b].reshape(k, b), axis=1)[:, -1] / b if k else np.zeros(0)
+        d2 = np.abs(means[2:] - 2.0 * means[1:-1] + means[:-2]) if k >= 3 else np.zeros(0)
+        out = np.full(len(x), np.nan)
+        for j in range(8, len(d2) + 1):  # blocks 0..j+1 complete: d2[:j] known
+            row = (j + 2) * b - 1  # the row that closes block j + 1
+            sd = block_sd(d2[max(0, j - n) : j].tolist(), b)
+            end = (j + 3) * b - 1 if j < len(d2) else len(x)
+            out[row:end] = sd
+        return out
+
+    def state(self) -> list[Any]:
+        return [self.total, self.count, json_float(self.last), json_float(self.prev), list(self.d2)]
+
+    def load(self, st: list[Any]) -> None:
+        self.total, self.count = float(st[0]), int(st[1])
+        self.last, self.prev = from_json_float(st[2]), from_json_float(st[3])
+        self.d2.clear()
+        self.d2.extend(float(v) for v in st[4])
+
+
+class WindowStats:
+    """The last ``n`` values of a signal and their (median, min, max), ``stats_``, computed again
+    after every ``every`` new values (a sort of a short window: O(1) amortized per row); NaN
+    before 3 values. The level-shift check's baselines of its corroborating signals. Row by row:
+    ``push(v)``; whole series: ``WindowStats.series``; a test checks they agree."""
+
+    __slots__ = ("dirty", "every", "stats_", "values")
+
+    def __init__(self, n: int, every: int = 8) -> None:
+        self.values: deque[float] = deque(maxlen=n)
+        self.every = every
+        self.dirty = 0
+        self.stats_ = (math.nan, math.nan, math.nan)
+
+    def push(self, v: float) -> None:
+        vals = self.values
+        vals.append(v)
+        d = self.dirty + 1
+        if d >= self.every or (d == 3 and self.stats_[0] != self.stats_[0]):
+            d = 0  # (the first stats come at 3 values, then every ``every`` values)
+            srt = sorted(vals)  # (one sort: the median and the ends; no NaN is pushed)
+            self.stats_ = (sorted_median(srt), srt[0], srt[-1])
+        self.dirty = d
+
+    @staticmethod
+    def series(
+        values: Sequence[float] | np.ndarray, n: int, every: int = 8
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``stats_`` after each push of a whole series: ([k] median, [k] min, [k] max). The
+        recomputing pushes at once (the 3rd, then every ``every``-th), their windows of the
+        last ``n`` values by a sliding view, held until the next."""
+        v = np.asarray(values, dtype=float)  # [k]
+        k = len(v)
+        med, lo, hi = (np.full(k, np.nan) for _ in range(3))
+        at = np.arange(3, k + 1, every)  # [c] push counts (1-based) that recompute
+        for c, nxt in zip(at.tolist(), [*at[1:].tolist(), k + 1]):
+            w = v[max(0, c - n) : c]
+            med[c - 1 : nxt - 1] = np.median(w)
+            lo[c - 1 : nxt - 1] = w.min()
+            hi[c - 1 : nxt - 1] = w.max()
+        return med, lo, hi
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "values": list(self.values),
+            "dirty": self.dirty,
+            "stats": [json_float(v) for v in self.stats_],
+        }
+
+    def load(self, d: Mapping[str, Any]) -> None:
+        self.values.clear()
+        self.values.extend(float(v) for v in d["values"])
+        self.dirty = int(d["dirty"])
+        a, b, c = (from_json_float(v) for v in d["stats"])
+        self.stats_ = (a, b, c)
 
 
 def glr_ref_rows(length: int) -> int:

@@ -27,27 +27,13 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from lld_monitor.analysis.stats import t_upper_quantile
+from lld_monitor.analysis.stats import from_json_float, json_float, t_upper_quantile
 
 _NAN = float("nan")
 _RHO_MEMORY = 0.005  # EMA weight of the noise-autocorrelation estimate (~200 observations)
 _RHO_WARM = int(1.0 / _RHO_MEMORY)  # before this many, a plain running mean
 _NONE_CLOSED: list[int] = []  # shared, never mutated: no level closed
 _SLOPE_MEMORY = 0.2  # EMA weight of the local slope removed from the differences
-
-
-def json_float(v: float) -> float | str | None:
-    """A float as strict JSON: NaN -> null, +-inf -> "inf" / "-inf"."""
-    if v != v:
-        return None
-    if v in (math.inf, -math.inf):
-        return "inf" if v > 0 else "-inf"
-    return v
-
-
-def from_json_float(v: float | str | None) -> float:
-    """Inverse of ``json_float``."""
-    return _NAN if v is None else float(v)
 
 
 class TrendFit(NamedTuple):

@@ -207,3 +207,56 @@ def test_ema_row_by_row_agrees_with_the_whole_series() -> None:
     two = Ema.series([1.0, 0.0], [0.0, 1.0], (1.0, 10.0, 2.0))
     assert two["fast"][1] == pytest.approx(math.exp(-1.0))
     assert two["dev"][1] == pytest.approx(1.0 - math.exp(-0.1))
+
+
+def test_rolling_ols_row_by_row_agrees_with_the_whole_series() -> None:
+    # irregular steps (some gaps wider than the window: min_rows keeps the window), a slope
+    # change and noise; 1200 pairs pass many rebuilds of the running sums
+    from lld_monitor.analysis.stats import RollingOLS
+
+    rng = np.random.default_rng(8)
+    x = np.cumsum(rng.choice([1.0, 1.0, 2.0, 3.0, 25.0], 1200))
+    y = np.where(x < x[600], -0.3, -0.3 - 0.002 * (x - x[600])) + 0.01 * rng.standard_normal(1200)
+    for steps, min_rows in ((10.0, 3), (40.0, 8)):
+        batch = RollingOLS.series(x, y, steps, min_rows)
+        ols = RollingOLS(steps, min_rows)
+        rows = []
+        for a, b in zip(x.tolist(), y.tolist()):
+            ols.push(a, b)
+            rows.append(ols.fit())
+        got = np.array(rows)  # [n, 5]
+        for j, key in enumerate(("slope", "t", "span", "first", "last")):
+            # (t reads the residual sum of squares, a difference of near-equal sums: where the
+            # line fits closely, t of a few hundred, the two paths' rounding shows at 1e-6)
+            rtol = 1e-5 if key == "t" else 1e-7
+            np.testing.assert_allclose(got[:, j], batch[key], rtol=rtol, atol=1e-9, err_msg=key)
+        assert np.isnan(batch["slope"][:2]).all() and np.isfinite(batch["t"][min_rows:]).all()
+    # by hand: three pairs on the line y = 2x + 1 plus one off it
+    fit = RollingOLS.series([0.0, 1.0, 2.0, 3.0], [1.0, 3.0, 5.0, 8.0], 10.0, 3)
+    # least squares through (0,1) (1,3) (2,5) (3,8): slope (sum dx dy) / (sum dx^2) = 11.5 / 5
+    assert fit["slope"][3] == pytest.approx(2.3) and fit["span"][3] == 3.0
+
+
+def test_block_noise_and_window_stats_row_by_row_agree_with_the_whole_series() -> None:
+    from lld_monitor.analysis.stats import BlockNoise, WindowStats
+
+    rng = np.random.default_rng(12)
+    x = 0.5 + 0.1 * np.sin(np.arange(700) / 40.0) + 0.05 * rng.standard_normal(700)
+    for b, n in ((2, 32), (8, 32), (4, 10)):
+        noise = BlockNoise(b, n)
+        rows = []
+        for v in x.tolist():
+            noise.push(v)
+            rows.append(noise.sd())
+        np.testing.assert_array_equal(rows, BlockNoise.series(x, b, n))
+        first = (8 + 2) * b - 1  # the row that closes the block giving the 8th difference
+        assert np.isnan(rows[first - 1]) and not np.isnan(rows[first])
+    for n, every in ((32, 8), (5, 3)):
+        w = WindowStats(n, every)
+        rows = []
+        for v in x[:200].tolist():
+            w.push(v)
+            rows.append(w.stats_)
+        med, lo, hi = WindowStats.series(x[:200], n, every)
+        np.testing.assert_array_equal(np.array(rows), np.column_stack([med, lo, hi]))
+        assert np.isnan(med[1]) and med[2] == np.median(x[:3])

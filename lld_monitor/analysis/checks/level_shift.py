@@ -56,11 +56,11 @@ from lld_monitor.analysis.checks.base import NO_ALERTS, Check
 from lld_monitor.analysis.config import DetectorConfig, LevelShiftConfig, ModeCollapseConfig
 from lld_monitor.analysis.stats import (
     GLR_MIN_REF,
+    BlockNoise,
     LevelDrop,
-    block_sd,
+    WindowStats,
     glr_rows_per_false_alarm,
     glr_threshold,
-    sorted_median,
     trimmed_sd,
 )
 from lld_monitor.analysis.trend import from_json_float, json_float
@@ -74,85 +74,6 @@ _NOISE_EVERY_FROM = 64  # rows after which the noise is estimated every 8 rows
 _REPEAT_ROWS = 64  # last rows behind the repeated-batch test of the noise estimate
 _PEAK_ROWS = 16  # rows per block behind the run's peak level
 _NEAR_ROWS = 16  # rows before the change behind the held level that "near the floor" is judged by
-
-
-class _BlockNoise:
-    """The long-run sd of one row from the means of consecutive ``b``-row blocks
-    (``stats.block_sd``: the median |second difference| of consecutive block means, which a
-    learning rise or a slow decline does not inflate, x sqrt(b)), from the last ``n`` second
-    differences; NaN before 8 (fewer: the fall itself could be their median). Rows that
-    correlate (a rollout batch logged on several rows, a wandering prompt difficulty) vary less
-    from row to row than their means do over blocks."""
-
-    __slots__ = ("b", "count", "d2", "last", "prev", "total")
-
-    def __init__(self, b: int, n: int) -> None:
-        self.b = b
-        self.total = 0.0
-        self.count = 0
-        self.last = _NAN  # the last block mean
-        self.prev = _NAN  # the one before it
-        self.d2: deque[float] = deque(maxlen=n)
-
-    def close(self) -> None:
-        """The block is complete (``count == b`` rows summed in ``total``, added by the check's
-        per-row update, inline): its mean goes in, the next block starts."""
-        m = self.total / self.b
-        if self.prev == self.prev:
-            self.d2.append(abs(m - 2.0 * self.last + self.prev))
-        self.prev, self.last = self.last, m
-        self.total, self.count = 0.0, 0
-
-    def sd(self) -> float:
-        d = self.d2
-        return block_sd(d, self.b) if len(d) >= 8 else _NAN
-
-    def state(self) -> list[Any]:
-        return [self.total, self.count, _enc(self.last), _enc(self.prev), list(self.d2)]
-
-    def load(self, st: list[Any]) -> None:
-        self.total, self.count = float(st[0]), int(st[1])
-        self.last, self.prev = _dec(st[2]), _dec(st[3])
-        self.d2.clear()
-        self.d2.extend(float(v) for v in st[4])
-
-
-class _Baseline:
-    """The last ``n`` values of a corroborating signal and their (median, min, max), computed
-    again after every ``every`` new values (a sort of a short window: O(1) amortized per row);
-    NaN before 3 values."""
-
-    __slots__ = ("dirty", "every", "stats_", "values")
-
-    def __init__(self, n: int, every: int = 8) -> None:
-        self.values: deque[float] = deque(maxlen=n)
-        self.every = every
-        self.dirty = 0
-        self.stats_ = (_NAN, _NAN, _NAN)
-
-    def push(self, v: float) -> None:
-        vals = self.values
-        vals.append(v)
-        d = self.dirty + 1
-        if d >= self.every or (d == 3 and self.stats_[0] != self.stats_[0]):
-            d = 0  # (the first stats come at 3 values, then every ``every`` values)
-            srt = sorted(vals)  # (one sort: the median and the ends; no NaN is pushed)
-            self.stats_ = (sorted_median(srt), srt[0], srt[-1])
-        self.dirty = d
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "values": list(self.values),
-            "dirty": self.dirty,
-            "stats": [_enc(v) for v in self.stats_],
-        }
-
-    def load(self, d: Mapping[str, Any]) -> None:
-        self.values.clear()
-        self.values.extend(float(v) for v in d["values"])
-        self.dirty = int(d["dirty"])
-        a, b, c = (_dec(v) for v in d["stats"])
-        self.stats_ = (a, b, c)
 
 
 def _beyond(v: float, stats: tuple[float, float, float], up: float, down: float) -> int:
@@ -216,13 +137,15 @@ class LevelShiftCollapse(Check):
         self._level = LevelDrop()
         self._diffs: deque[float] = deque(maxlen=cfg.noise_rows)  # |consecutive differences|
         self._vals: deque[float] = deque(maxlen=_REPEAT_ROWS)  # the last rewards, as logged
-        self._blocks = [_BlockNoise(int(b), cfg.noise_blocks) for b in cfg.block_rows]
+        self._blocks = [BlockNoise(int(b), cfg.noise_blocks) for b in cfg.block_rows]
         self._peak = -math.inf  # the best mean of a 16-row block so far ...
         self._peak_blocks = 0  # ... of this many
         self._peak_sum = 0.0
         self._peak_n = 0
         self._sd = _NAN  # cached noise sd of a row (NaN: compute again)
-        self._base: dict[str, _Baseline] = {k: _Baseline(cfg.baseline_rows) for k in self._SIGNALS}
+        self._base: dict[str, WindowStats] = {
+            k: WindowStats(cfg.baseline_rows) for k in self._SIGNALS
+        }
         self._finite_base = tuple(self._base[k] for k in _FINITE_SIGNALS)  # (loaded in place)
         self._corro_rows: deque[bool] = deque(maxlen=3)  # rows with a corroborating signal
         self._fired = False
