@@ -37,7 +37,6 @@ from lld_monitor.analysis.signals import (
     _dec,
     _enc,
     _f,
-    _RollingOLS,
     ema_weight,
 )
 from lld_monitor.events import Alert
@@ -48,7 +47,6 @@ __all__ = [
     "DetectorConfig",
     "PhaseDetector",
     "_DisplacedShare",
-    "_RollingOLS",
     "_Spikes",
     "_dec",
     "_enc",
@@ -190,9 +188,7 @@ class PhaseDetector:
     def end_replay(self) -> None:
         """The replay is over: every check drops what ``begin_replay`` kept."""
         for c in self.checks:
-            end = getattr(c, "end_replay", None)
-            if end is not None:
-                end()
+            c.end_replay()
 
     @property
     def phase(self) -> str:

@@ -23,7 +23,7 @@ import pandas as pd
 from lld_monitor import columns as C
 from lld_monitor.analysis.detector import INPUT_COLUMNS, DetectorConfig, PhaseDetector
 from lld_monitor.events import Alert
-from lld_monitor.runlog.reader import one_row_per_step
+from lld_monitor.runlog.reader import one_row_per_step, strictly_increasing
 
 _LLD_PHASES = ("stagnation", "decay", "collapse")
 _RANK = {"unknown": 0, "healthy": 0, "stagnation": 1, "decay": 2, "collapse": 3}
@@ -136,11 +136,7 @@ def prepare_steps(df: pd.DataFrame) -> pd.DataFrame:
     values = step.to_numpy()  # (whole numbers as they are: no float copy of a long column)
     if values.dtype.kind not in "iu":
         values = step.to_numpy(dtype=float)
-    if (
-        len(values)
-        and (values.dtype.kind != "f" or np.isfinite(values).all())
-        and (values[1:] > values[:-1]).all()
-    ):
+    if len(values) and strictly_increasing(values):
         # already one row a step, in order (a loaded table): no copy of the columns
         out = df.copy(deep=False)
         if out[C.STEP].dtype != np.int64:
@@ -231,20 +227,13 @@ def replay(
 
     # every row reaches the checks (steps strictly increasing) of a fresh detector: the checks
     # may precompute from the table (begin_replay), and the row-only ones may run in a child
-    whole = det.fresh and (
-        n < 2
-        or bool(
-            (step_arr.dtype.kind != "f" or np.isfinite(step_arr).all())
-            and (step_arr[1:] > step_arr[:-1]).all()
-        )
-    )
+    whole = det.fresh and (n < 2 or strictly_increasing(step_arr))
     columns = {c: a for c, a in zip(INPUT_COLUMNS, arrays) if a is not None}
     try:
         index = parallel.offloadable(det) if fork and whole and parallel.can_fork(n) else []
         if index and parallel.replay_parallel(det, index, arrays, step_arr, run_rows, columns):
             return alerts, phases, det
-        if index:  # (the child failed: again, in this process)
-            det.end_replay()
+        if index:  # (the child failed: again, in this process; reset drops what it kept)
             alerts.clear()
             phases.clear()
             det.reset()

@@ -26,7 +26,6 @@ from lld_monitor.analysis.trend import (
 )
 
 _NAN = float("nan")
-_RollingOLS = RollingOLS  # (its name before it moved to stats.py)
 _NONE_CLOSED: list[int] = []  # shared, never mutated: no trend level closed this row
 _enc = json_float
 _dec = from_json_float

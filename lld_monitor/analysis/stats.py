@@ -406,16 +406,15 @@ class BlockNoise:
         self.d2: deque[float] = deque(maxlen=n)
 
     def push(self, x: float) -> None:
-        """One more row (the level-shift check adds its rows inline, the same three lines: a
-        call a row saved on its hot path)."""
+        """One more row."""
         self.total += x
         self.count += 1
         if self.count >= self.b:
             self.close()
 
     def close(self) -> None:
-        """The block is complete (``count == b`` rows summed in ``total``, added by the check's
-        per-row update, inline): its mean goes in, the next block starts."""
+        """The block is complete (``count == b`` rows summed in ``total``): its mean goes in,
+        the next block starts."""
         m = self.total / self.b
         if self.prev == self.prev:
             self.d2.append(abs(m - 2.0 * self.last + self.prev))

@@ -16,7 +16,7 @@ from lld_monitor import columns as C
 from lld_monitor.importers.base import ImportFormatError
 from lld_monitor.importers.names import _LOOKUP, _NON_TRAINING, _reward_fn_name
 from lld_monitor.importers.text import _scalar
-from lld_monitor.runlog.reader import one_row_per_step
+from lld_monitor.runlog.reader import one_row_per_step, strictly_increasing
 
 
 def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
@@ -166,7 +166,7 @@ def _checked_steps(out: pd.DataFrame) -> tuple[pd.DataFrame, list[str], bool]:
                 "whole part"
             )
             out = out.assign(**{C.STEP: whole})
-    increasing = len(whole) < 2 or bool((whole[1:] > whole[:-1]).all())
+    increasing = len(whole) < 2 or strictly_increasing(whole)
     if not increasing:
         # counted by a sort: a hash table of a million steps costs five times the column
         duplicates = len(whole) - len(np.unique(whole))

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from lld_monitor import columns as C
-from lld_monitor.runlog.reader import RunReader, one_row_per_step
+from lld_monitor.runlog.reader import RunReader, one_row_per_step, strictly_increasing
 
 
 class ColumnStore:
@@ -106,7 +106,7 @@ class RunFollower:
         if new_steps.empty or C.STEP not in new_steps:
             return 0
         steps = pd.to_numeric(new_steps[C.STEP], errors="coerce").to_numpy(dtype=float)
-        in_order = bool(np.all(np.diff(steps) > 0)) and steps[0] > self._store.last_step
+        in_order = strictly_increasing(steps) and steps[0] > self._store.last_step
         if in_order:
             self._store.append(new_steps)
         else:  # a rewritten or resumed step: one row a step, as load_run reads it

@@ -236,6 +236,15 @@ def _parse_steps(data: bytes, *, final: bool) -> tuple[pd.DataFrame, int, int]:
     return frame, garbled + no_step, consumed
 
 
+def strictly_increasing(values: np.ndarray) -> bool:
+    """Whether ``values`` are numbers, none NaN or infinite, each above the one before (True for
+    fewer than two): a step column that is already one row a step, in order."""
+    kind = values.dtype.kind
+    if kind not in "iuf" or (kind == "f" and not np.isfinite(values).all()):
+        return False
+    return bool((values[1:] > values[:-1]).all())
+
+
 def one_row_per_step(steps: pd.DataFrame) -> pd.DataFrame:
     """The step table with one row a step, sorted by step: THE rule for a repeated step, used
     by the run log's reader, the importers, the analyzer and the dashboard's live tables.
@@ -247,11 +256,8 @@ def one_row_per_step(steps: pd.DataFrame) -> pd.DataFrame:
     it is (no copy)."""
     if C.STEP not in steps.columns or steps.empty:
         return steps
-    step = steps[C.STEP]
-    values = step.to_numpy()
-    if values.dtype.kind in "iu" or (values.dtype.kind == "f" and not np.isnan(values).any()):
-        if bool((values[1:] > values[:-1]).all()):
-            return steps
+    if strictly_increasing(steps[C.STEP].to_numpy()):
+        return steps
     cols = list(steps.columns)
     out = steps.groupby(C.STEP, sort=True, as_index=False).last()
     return out[cols].reset_index(drop=True)

@@ -10,7 +10,8 @@ import pytest
 
 from lld_monitor import columns as C
 from lld_monitor.analysis import DetectorConfig, PhaseDetector
-from lld_monitor.analysis.detector import _RollingOLS, ema_weight
+from lld_monitor.analysis.detector import ema_weight
+from lld_monitor.analysis.stats import RollingOLS
 from lld_monitor.testing import make_run
 
 LLD_KINDS = {"stagnation", "decay", "collapse"}
@@ -36,7 +37,7 @@ def _first(alerts, kinds):
 
 def test_rolling_ols_exact_line_and_step_window():
     # y = 2 + 0.5 x at x = 0..9; window of 5 steps keeps x in (4, 9] but at least 3 rows
-    ols = _RollingOLS(steps=5, min_rows=3)
+    ols = RollingOLS(steps=5, min_rows=3)
     for x in range(10):
         ols.push(float(x), 2.0 + 0.5 * x)
     slope, t, span, y0, y1 = ols.fit()
@@ -51,7 +52,7 @@ def test_rolling_ols_t_statistic_by_hand():
     # x = 0,1,2,3, y = 0,1,1,2: mean x 1.5, mean y 1, Sxx = 5, Sxy = (-1.5)(-1) + 0.5*0 + 1.5*1 = 3
     # -> slope 0.6; fitted 1 + 0.6 (x - 1.5) = 0.1, 0.7, 1.3, 1.9; residuals -0.1, 0.3, -0.3, 0.1
     # -> RSS = 0.2, se = sqrt(0.2 / (4 - 2) / 5) = sqrt(0.02), t = 0.6 / 0.1414 = 4.243
-    ols = _RollingOLS(steps=100, min_rows=3)
+    ols = RollingOLS(steps=100, min_rows=3)
     for x, y in zip([0, 1, 2, 3], [0, 1, 1, 2]):
         ols.push(float(x), float(y))
     slope, t, _, y0, y1 = ols.fit()
@@ -62,7 +63,7 @@ def test_rolling_ols_t_statistic_by_hand():
 
 def test_rolling_ols_sparse_keeps_min_rows():
     # rows every 10 steps, window 40 steps, but at least 8 rows: spans 70 steps
-    ols = _RollingOLS(steps=40, min_rows=8)
+    ols = RollingOLS(steps=40, min_rows=8)
     for x in range(0, 200, 10):
         ols.push(float(x), 1.0)
     assert len(ols.buf) == 8 and ols.buf[0][0] == 120.0
@@ -70,10 +71,10 @@ def test_rolling_ols_sparse_keeps_min_rows():
 
 def test_rolling_ols_long_run_no_drift():
     # 100k pushes far from the origin: the periodic re-anchoring keeps the slope exact
-    ols = _RollingOLS(steps=40, min_rows=8)
+    ols = RollingOLS(steps=40, min_rows=8)
     for x in range(100_000):
         ols.push(float(x), -0.5 + 1e-3 * (x % 7))
-    ref = _RollingOLS(steps=40, min_rows=8)
+    ref = RollingOLS(steps=40, min_rows=8)
     for x, y in list(ols.buf):
         ref.push(x, y)
     assert ols.fit()[0] == pytest.approx(ref.fit()[0], abs=1e-12)
@@ -358,7 +359,7 @@ def test_rolling_ols_matches_batch_fit_at_every_prefix():
     rng = np.random.default_rng(0)
     xs = np.cumsum(rng.integers(1, 4, size=300)).astype(float)  # irregular steps
     ys = -0.4 + 0.001 * xs + rng.normal(0, 0.01, size=300)
-    ols = _RollingOLS(steps=40, min_rows=8)
+    ols = RollingOLS(steps=40, min_rows=8)
     for x, y in zip(xs, ys):
         ols.push(float(x), float(y))
         wx = np.array([p[0] for p in ols.buf])

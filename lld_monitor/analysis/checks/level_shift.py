@@ -51,6 +51,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from lld_monitor import columns as C
 from lld_monitor.analysis.checks.base import NO_ALERTS, Check
 from lld_monitor.analysis.config import DetectorConfig, LevelShiftConfig, ModeCollapseConfig
@@ -237,8 +239,6 @@ class LevelShiftCollapse(Check):
         rw = columns.get(C.REWARD_MEAN)
         if rw is None or len(rw) < 2 or self._rows:
             return
-        import numpy as np
-
         finite = np.isfinite(rw)
         self.set_bound(self.bounds(rw if finite.all() else rw[finite]))
 
@@ -298,11 +298,8 @@ class LevelShiftCollapse(Check):
         self._last = rw
         self._vals.append(rw)
         self._level.push(rw, step)
-        for b in self._blocks:  # (a row into each block, inline: three calls a row saved)
-            b.total += rw
-            b.count += 1
-            if b.count >= b.b:
-                b.close()
+        for b in self._blocks:
+            b.push(rw)
         self._peak_sum += rw
         self._peak_n += 1
         if self._peak_n == _PEAK_ROWS:
