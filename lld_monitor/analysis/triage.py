@@ -35,6 +35,7 @@ __all__ = [
     "candidates",
     "is_collection_of_runs",
     "is_folder_of_runs",
+    "one_run_in",
     "sort_key",
     "triage",
     "triage_one",
@@ -83,13 +84,33 @@ class RunVerdict:
 
 
 def is_collection_of_runs(path: Path) -> bool:
-    """A folder of runs, or one file that holds several runs (runs appended to one log, a W&B
-    export of several runs)."""
+    """A folder of two or more runs, or one file that holds several runs (runs appended to one
+    log, a W&B export of several runs). A folder of one run is that run (``load_table`` reads
+    it: ``load.one_run_in``)."""
     if path.is_file():
         from lld_monitor.importers.load import runs_in_file
 
         return len(runs_in_file(path)) > 1
-    return is_folder_of_runs(path)
+    if not is_folder_of_runs(path):
+        return False
+    from lld_monitor.importers.catalog import catalog
+
+    return len(catalog(path)[0]) > 1
+
+
+def one_run_in(path: Path) -> tuple[Path, str | None] | None:
+    """(path, run) of the one run a folder holds when it holds exactly one and is not itself
+    one run (a folder of one log file, a log dir whose one run lies in ``runs/NAME/``), else
+    None: ``lld-monitor analyze`` analyses such a folder as that run; the triage is for two or
+    more."""
+    if not path.is_dir() or not is_folder_of_runs(path):
+        return None
+    from lld_monitor.importers.catalog import catalog
+
+    entries, _ = catalog(path)
+    if len(entries) != 1:
+        return None
+    return entries[0].path, entries[0].run
 
 
 def triage_one(path: Path, root: Path, run: str | None = None, *, fork: bool = True) -> RunVerdict:

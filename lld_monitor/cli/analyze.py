@@ -85,11 +85,23 @@ def run(args: argparse.Namespace) -> int:
             return 2
         return run_triage(folder, as_json=args.json, fail_on=args.fail_on, jobs=jobs)
     return_large_frees()
+    target, run, only = folder, getattr(args, "run", None), None
+    if run is None:
+        from lld_monitor.analysis.triage import one_run_in
+
+        only = one_run_in(folder)  # (a folder of one run: that run)
+        if only is not None:
+            target, run = only
     try:
-        df = load_table(args.path, run=getattr(args, "run", None))
+        df = load_table(target, run=run)
     except ImportFormatError as exc:
         print(f"lld-monitor analyze: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    if only is not None:
+        df.attrs["import_notes"] = [
+            f"the folder holds one run: read {target.relative_to(folder).as_posix()}",
+            *df.attrs.get("import_notes", []),
+        ]
     from lld_monitor.analysis import analyze_run
     from lld_monitor.analysis.offline import progress_line
 

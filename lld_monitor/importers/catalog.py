@@ -115,6 +115,8 @@ def _one_run_folder(path: Path) -> bool:
         return True
     if any((path / f).is_file() for f in ("trainer_state.json", "meta.json", "steps.jsonl")):
         return True  # one run (a broken run folder too: its analysis says what is amiss)
+    if any(path.glob("checkpoint-*/trainer_state.json")):
+        return True  # a TRL output folder of checkpoints: one run, read from its latest
     return any("tfevents" in p.name for p in path.iterdir() if p.is_file())
 
 

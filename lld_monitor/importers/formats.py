@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -40,7 +41,7 @@ from lld_monitor.importers.parts import (
     is_eval_name,
     run_bounds,
 )
-from lld_monitor.importers.plain import parse_plain, sniff_plain
+from lld_monitor.importers.plain import parse_iterations, parse_plain, sniff_plain
 from lld_monitor.importers.table import _frame, _skipped_lines_note
 from lld_monitor.importers.text import (
     _ANSI_RE,
@@ -104,11 +105,32 @@ def _csv_header(first_line: str) -> list[str] | None:
     first = first_line.strip()
     sep = "\t" if first.count("\t") > first.count(",") else ","
     fields = [f.strip().strip('"') for f in first.split(sep)]
+    if fields and _is_index_name(fields[0]):
+        fields = fields[1:]  # (a table saved by pandas with its index: a first, unnamed column)
     if len(fields) < 2 or not all(fields):
         return None
     if not any(canonical_name(f) or " - " in f for f in fields):
         return None
     return fields
+
+
+def _is_index_name(field: str) -> bool:
+    """The header of an index column that pandas wrote (``df.to_csv(path)``): empty, or the
+    ``Unnamed: 0`` that a frame read back and saved again carries."""
+    return field == "" or re.fullmatch(r"Unnamed: \d+", field) is not None
+
+
+def _drop_index(table: pd.DataFrame) -> pd.DataFrame:
+    """The table without a first column that is pandas' saved index (read as ``Unnamed: 0``),
+    with a note saying so."""
+    if not len(table.columns) or not _is_index_name(str(table.columns[0]).strip()):
+        return table
+    out = table.iloc[:, 1:]
+    out.attrs["import_notes"] = [
+        *table.attrs.get("import_notes", []),
+        "the first column is an index that pandas saved with the table (no header): dropped",
+    ]
+    return out
 
 
 def _csv_kind(fields: Sequence[str]) -> str:
@@ -144,9 +166,10 @@ def _csv_fields(head: Head) -> list[str] | None:
 def _csv_table(head: Head) -> pd.DataFrame | None:
     if "csv_table" not in head.__dict__:
         if head.complete:  # parsed from the file: a large table is never held as text too
-            head.__dict__["csv_table"] = _read_csv(head.path, head.first_line)
+            table = _read_csv(head.path, head.first_line)
         else:
-            head.__dict__["csv_table"] = _sniff_csv(head.text)
+            table = _sniff_csv(head.text)
+        head.__dict__["csv_table"] = None if table is None else _drop_index(table)
     return head.__dict__["csv_table"]
 
 
@@ -264,6 +287,7 @@ def _metric_record(rec: Mapping[str, Any]) -> Mapping[str, Any]:
     words = set(re.findall(r"[a-z]+", str(rec[kinds[0]]).lower()))  # ("eval_end", "val-step")
     for k in kinds:
         flat.pop(k, None)
+    _own_step(flat)
     if not words & EVAL_TYPES:
         return flat
     keep = {C.STEP, C.TIME}
@@ -271,6 +295,21 @@ def _metric_record(rec: Mapping[str, Any]) -> Mapping[str, Any]:
         (k if (_LOOKUP.get(k, ("",))[0] in keep or is_eval_name(k)) else f"eval/{k}"): v
         for k, v in flat.items()
     }
+
+
+#: A typed record's own step field (``rollout_step``, ``train/step``, ``iteration``), where it
+#: has no field that is a step by name (``step``, ``global_step``, ``_step``).
+_OWN_STEP_RE = re.compile(r"(?i)^(?:[a-z]+[_/.])?(?:step|iteration|iter)$")
+
+
+def _own_step(flat: dict[str, Any]) -> None:
+    """Rename a typed record's own step field to ``step`` (in place), so that the records of
+    one training step (its rollout, its update) merge into one row by their step."""
+    if any(_LOOKUP.get(k, ("",))[0] == C.STEP for k in flat):
+        return
+    own = next((k for k in flat if _OWN_STEP_RE.match(k)), None)
+    if own is not None:
+        flat[C.STEP] = flat.pop(own)
 
 
 def _read_records(
@@ -394,10 +433,20 @@ class TrlTrainerState(Format):
         if not head.complete:
             return head.text[:1] == "{" and '"log_history"' in head.text
         doc = head.json_doc
+        if doc is _NOT_JSON:  # cut off mid-write? (read says so); not one JSON object a line
+            start, _ = head._start
+            return head.lead == "{" and '"log_history"' in start and head.first_record is None
         return isinstance(doc, dict) and isinstance(doc.get("log_history"), list)
 
     def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
-        return _read_records(_full(path, head).json_doc["log_history"])
+        doc = _full(path, head).json_doc
+        if doc is _NOT_JSON:
+            raise ImportFormatError(
+                f"{path}: a trainer_state.json that is invalid JSON (cut off? the job may have "
+                "been killed while saving it): read an earlier checkpoint's, or the output "
+                "folder (its latest complete checkpoint is read)"
+            )
+        return _read_records(doc["log_history"])
 
 
 class NotebookLog(Format):
@@ -616,7 +665,15 @@ class PlainConsole(Format):
         return sniff_plain(head.text)
 
     def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
-        rows = parse_plain(_full(path, head).text)
+        text = _full(path, head).text
+        rows = parse_plain(text)
+        if not rows:  # (no step printed: one row per iteration)
+            frame = _frame(parse_iterations(text))
+            frame.attrs["step_note"] = (
+                "no step printed: one row per iteration, numbered 1, 2, 3, ... (an iteration "
+                "ends where one of its metrics is printed again)"
+            )
+            return frame, "row_order"
         frame = _frame(rows)
         return frame, "logged" if C.STEP in frame.columns else "row_order"
 
@@ -639,7 +696,7 @@ class WandbCsv(Format):
         if table is None:
             raise ImportFormatError(f"{path}: not a CSV table with a known metric")
         names = panel_runs(table.columns)
-        notes: list[str] = []
+        notes: list[str] = list(table.attrs.get("import_notes", []))
         chosen = None
         if run is not None:
             if run not in names:
@@ -766,6 +823,31 @@ def detect(path: Path, *, complete: bool = True) -> tuple[Format, Head | None]:
     raise ImportFormatError(f"{path}: unknown format{where}; {_EXPECTED}")
 
 
+def checkpoint_states(path: Path) -> tuple[Path | None, int, list[str]]:
+    """(the ``trainer_state.json`` of the latest complete checkpoint of an output folder, how
+    many ``checkpoint-N/trainer_state.json`` it holds, a line per later one that does not parse).
+
+    Each checkpoint's trainer_state.json holds the run's whole log history up to it: the run is
+    its latest checkpoint, an earlier one is not a second run. One cut off mid-write (the job
+    was killed while saving) is passed over, and named."""
+    found = []
+    for p in path.glob("checkpoint-*/trainer_state.json"):
+        tail = p.parent.name.removeprefix("checkpoint-")
+        if tail.isdigit() and p.is_file():
+            found.append((int(tail), p))
+    skipped: list[str] = []
+    for _, p in sorted(found, reverse=True):
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8", errors="replace"))
+        except (OSError, json.JSONDecodeError):
+            skipped.append(f"{p.parent.name}/{p.name}: invalid JSON (cut off?)")
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("log_history"), list):
+            return p, len(found), skipped
+        skipped.append(f"{p.parent.name}/{p.name}: no log_history")
+    return None, len(found), skipped
+
+
 def _detect_folder(path: Path) -> tuple[Format, Head | None]:
     if _is_run_dir(path):
         return _BY_NAME["lld_run"], None
@@ -776,6 +858,9 @@ def _detect_folder(path: Path) -> tuple[Format, Head | None]:
     state = path / "trainer_state.json"
     if state.is_file():
         return detect(state)
+    latest, _, _ = checkpoint_states(path)
+    if latest is not None:  # (a TRL output folder of checkpoints: the run is its latest)
+        return detect(latest)
     if (path / "meta.json").is_file():  # a run without steps.jsonl: load_run says what is amiss
         return _BY_NAME["lld_run"], None
     if (path / "steps.jsonl").is_file():

@@ -24,6 +24,7 @@ from lld_monitor.importers.formats import (
     WandbCsv,
     _csv_header,
     _is_run_dir,
+    checkpoint_states,
     detect,
     panel_runs,
 )
@@ -48,24 +49,32 @@ def _folder_sources(path: Path) -> list[tuple[str, Path, str]]:
         found.append(("tensorboard", path, f"TensorBoard events ({n} file{'s' if n != 1 else ''})"))
     if (path / "trainer_state.json").is_file():
         found.append(("trl_trainer_state", path / "trainer_state.json", "TRL's trainer_state.json"))
-    ckpts = []
-    for p in path.glob("checkpoint-*/trainer_state.json"):
-        tail = p.parent.name.removeprefix("checkpoint-")
-        if tail.isdigit():
-            ckpts.append((int(tail), p))
-    if ckpts:
-        last = max(ckpts)[1]
+    latest, n_ckpts, skipped = checkpoint_states(path)
+    if latest is not None:
+        cut = f"; passed over: {', '.join(skipped)}" if skipped else ""
         found.append(
             (
                 "trl_trainer_state",
-                last,
-                f"trainer_state.json of the latest of {len(ckpts)} checkpoints",
+                latest,
+                f"trainer_state.json of {latest.parent.name}, the latest complete of {n_ckpts} "
+                f"checkpoints (each holds the run's history up to it){cut}",
             )
         )
     for sub in sorted(path.glob("wandb/*run-*")):
         if sub.is_dir() and is_wandb_run_dir(sub):
             found.append(("wandb_run", sub, "a W&B run folder"))
     return found
+
+
+def read_source_note(path: Path, fmt: str) -> str | None:
+    """For an output folder read from one of its checkpoints: which one, and any later one
+    passed over (cut off mid-write); else None."""
+    if not path.is_dir() or (path / "trainer_state.json").is_file():
+        return None
+    for name, where, what in _folder_sources(path):
+        if name == fmt == "trl_trainer_state" and where.parent != path:
+            return f"read {what}"
+    return None
 
 
 def other_sources(path: Path, fmt: str) -> list[str]:
@@ -214,7 +223,9 @@ def _load_table(path: Path, run: str | None) -> pd.DataFrame:
     df.attrs["step_source"] = step_source
     df.attrs["step_note"] = frame.attrs.get("step_note") or _STEP_NOTES.get(step_source, "")
     authors = authors_note(frame.columns)
+    chosen = read_source_note(path, fmt.name)
     df.attrs["import_notes"] = [
+        *([chosen] if chosen else []),
         *frame.attrs.get("import_notes", []),
         *df.attrs.get("import_notes", []),
         *([authors] if authors else []),

@@ -36,7 +36,11 @@ FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
         "env/all/reward/total",
         "avg_reward",
         "mean_reward",
+        "reward/mean",
     ),
+    # slash-namespaced loggers (a hosted-training cookbook's metrics.jsonl: reward/mean,
+    # reward/std, policy/entropy, policy/kl, optim/lr, progress/*)
+    C.REWARD_STD: ("reward/std",),
     # TRL's stock accuracy_reward returns 1/0 per completion: its mean is the accuracy;
     # env/all/correct: the share of episodes graded correct (Tinker cookbook)
     # acc: what hand-written loops print
@@ -48,13 +52,19 @@ FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
     ),
     C.LOSS: ("actor/pg_loss",),
     C.LEARNING_RATE: ("lr", "actor/lr", "optim/lr"),
-    C.GRAD_NORM: ("actor/grad_norm", "gnorm"),
+    C.GRAD_NORM: ("actor/grad_norm", "gnorm", "policy/grad_norm", "optim/grad_norm"),
     # verl's actor/entropy_loss is the mean entropy (not scaled by a coefficient); TRL's
     # entropy_loss is the entropy bonus term, the mean per-token entropy it acts on
-    C.ENTROPY: ("actor/entropy", "actor/entropy_loss", "optim/entropy", "entropy_loss"),
+    C.ENTROPY: (
+        "actor/entropy",
+        "actor/entropy_loss",
+        "optim/entropy",
+        "entropy_loss",
+        "policy/entropy",
+    ),
     # KL to the reference first (verl's kl_loss), then verl's old-vs-current ppo_kl, then the
     # sampler-vs-learner KL of a hosted service (Tinker cookbook's optim/kl_sample_train_v1)
-    C.KL: ("actor/kl_loss", "actor/ppo_kl", "optim/kl_sample_train_v1"),
+    C.KL: ("actor/kl_loss", "actor/ppo_kl", "optim/kl_sample_train_v1", "policy/kl"),
     C.COMPLETION_LENGTH: ("completions/mean_length", "response_length/mean", "response_length"),
     # TRL: share of completions that hit max_completion_length; verl: of max_response_length
     C.FRAC_TRUNCATED: ("completions/clipped_ratio", "response_length/clip_ratio"),

@@ -189,8 +189,101 @@ def parse_plain(text: str) -> list[dict[str, Any]]:
     return rows
 
 
+# --- per-iteration prints without a step -----------------------------------------------------
+
+#: ``Label: value`` on a line of its own ("Percentage of correct examples: 0.69", "Loss: 0.12")
+_LABEL_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9 _/.()-]{0,60}?)\s*[:=]\s*(" + _NUMBER + r")\s*$")
+#: A reward histogram printed per iteration ("Reward histogram: {0.0: 19, 1.0: 44}")
+_HISTOGRAM_RE = re.compile(r"(?i)^\s*(.*?reward[^:{\n]*?histogram)[^{\n]*\{([^{}\n]*)\}")
+_HIST_ITEM_RE = re.compile(r"(" + _NUMBER + r")\s*:\s*(\d+)")
+#: Words of a label that are not the metric's name
+_FILLER = frozenset({"of", "the", "a", "an", "in", "on", "per", "batch", "current", "this"})
+#: Iterations a log must print before it is read as one (a notes file is not a run)
+MIN_ITERATIONS = 3
+
+
+def _label_metric(label: str, value: float) -> tuple[str, float] | None:
+    """(the metric a free-text label names, the value as that metric), eval ones as
+    ``eval/<name>``: the label's words joined (``Grad Norm`` -> ``grad_norm``, ``Mean reward``
+    -> ``mean_reward``), a share of correct answers (``Percentage of correct examples``,
+    ``Accuracy``) as the accuracy (a percentage over 1 divided by 100), else None."""
+    words = [w.lower() for w in _WORD_RE.findall(label)]
+    is_eval = any(w in _EVAL_WORDS for w in words)
+    words = [w for w in words if w not in _EVAL_WORDS and w not in _FILLER]
+    if not words:
+        return None
+    name: str | None = None
+    if "correct" in words or "accuracy" in words:
+        if value > 1 and ("percentage" in words or "percent" in words):
+            value /= 100.0
+        name = C.ACCURACY if 0 <= value <= 1 else None
+    else:
+        found = _metric_name("", "_".join(words))
+        name = found[0] if found is not None else None
+    if name is None:
+        return None
+    return (f"eval/{name}" if is_eval else name), value
+
+
+def _histogram(body: str) -> tuple[float, float] | None:
+    """(mean, std) of the values a ``{value: count, ...}`` histogram counts, else None."""
+    pairs = [(_number(v), int(c)) for v, c in _HIST_ITEM_RE.findall(body)]
+    pairs = [(v, c) for v, c in pairs if v is not None and c >= 0]
+    n = sum(c for _, c in pairs)
+    if not pairs or n == 0:
+        return None
+    mean = sum(v * c for v, c in pairs) / n
+    var = sum(c * (v - mean) ** 2 for v, c in pairs) / (n - 1) if n > 1 else 0.0
+    return mean, math.sqrt(var)
+
+
+def parse_iterations(text: str) -> list[dict[str, Any]]:
+    """The rows of a loop that prints its metrics each iteration without a step: one row per
+    iteration, numbered 1, 2, 3, ... (``step``). An iteration ends where a training metric it
+    has printed is printed again; eval lines (an eval word in the label) belong to the
+    iteration they follow, as ``eval/<name>`` rows. Empty when fewer than ``MIN_ITERATIONS``."""
+    rows: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    evals: list[dict[str, Any]] = []
+
+    def close() -> None:
+        if current:
+            rows.append({**current, C.STEP: len(rows) + 1})
+            current.clear()
+
+    for line in text.splitlines():
+        hist = _HISTOGRAM_RE.match(line)
+        found: list[tuple[str, float]] = []
+        if hist is not None:
+            stats = _histogram(hist.group(2))
+            if stats is not None:
+                ev = _is_eval_label(hist.group(1))
+                found = [
+                    ("eval/reward" if ev else "reward", stats[0]),
+                    ("eval/reward_std" if ev else "reward_std", stats[1]),
+                ]
+        else:
+            m = _LABEL_RE.match(line)
+            value = _number(m.group(2)) if m is not None else None
+            if m is not None and value is not None:
+                hit = _label_metric(m.group(1), value)
+                found = [hit] if hit is not None else []
+        for name, value in found:
+            if name.startswith("eval/"):
+                evals.append({name: value, C.STEP: len(rows) + (1 if current else 0) or 1})
+                continue
+            if name in current:
+                close()
+            current[name] = value
+    close()
+    if len(rows) < MIN_ITERATIONS:
+        return []
+    return rows + evals
+
+
 def sniff_plain(text: str) -> bool:
-    """At least two metric lines (a step and a known metric), or a printed reward tensor."""
+    """At least two metric lines (a step and a known metric), a printed reward tensor, or
+    ``MIN_ITERATIONS`` iterations of metrics printed without a step."""
     hits = 0
     for line in text.splitlines():
         m = _STEP_RE.search(line)
@@ -200,4 +293,4 @@ def sniff_plain(text: str) -> bool:
             hits += 1
             if hits >= 2:
                 return True
-    return _REWARDS_RE.search(text) is not None
+    return _REWARDS_RE.search(text) is not None or bool(parse_iterations(text))

@@ -136,26 +136,30 @@ def console_steps(
     progress bar may also go back to a checkpoint of the run: a resume).
     """
     n = len(training)
-    total = _training_bar_total(text, [pos for pos, _ in training])
-    bars = _bar_steps(text, [pos for pos, _ in training], total)
+    positions = [pos for pos, _ in training]
+    total = _training_bar_total(text, positions)
+    bars = _bar_steps(text, positions, total)
+    untied = ""
     if n and _resumed(bars):
-        return (
-            [int(b) for b in bars],
-            "progress_bar",
-            (f"step from {CONSOLE_STEP_SOURCES['progress_bar']} (N/{total})"),
+        if _tied(text, positions, total, bars):
+            return (
+                [int(b) for b in bars],
+                "progress_bar",
+                (f"step from {CONSOLE_STEP_SOURCES['progress_bar']} (N/{total})"),
+            )
+        untied = (
+            f"the progress bar (N/{total}) does not advance with the metric dicts (stderr and "
+            "stdout saved apart and joined?), so "
         )
-    per_epoch = _steps_per_epoch(text, total)
+    per_epoch, where = _steps_per_epoch(text, total)
     if n and per_epoch is not None:
         epochs = [_as_float(d.get("epoch")) for _, d in training]
-        steps = [None if e is None else round(e * per_epoch) for e in epochs]
+        steps = _epoch_steps(epochs, per_epoch)
         if _increasing(steps) and steps[0] > 0:
             return (
                 [int(s) for s in steps],
                 "epoch",
-                (
-                    f"step from each dict's epoch x {per_epoch:g} steps per epoch "
-                    "(total steps / epochs, from the trainer banner)"
-                ),
+                (f"{untied}step from each dict's epoch x {per_epoch:g} steps per epoch ({where})"),
             )
     every = _LOGGING_STEPS_RE.findall(text)
     if n and every and int(every[0]) > 0:
@@ -163,9 +167,49 @@ def console_steps(
         return (
             [k * (i + 1) for i in range(n)],
             "logging_steps",
-            (f"step from logging_steps = {k} in the log's configuration: dict i is step i x {k}"),
+            (
+                f"{untied}step from logging_steps = {k} in the log's configuration: dict i is "
+                f"step i x {k}"
+            ),
         )
-    return list(range(1, n + 1)), "row_order", f"step: {CONSOLE_STEP_SOURCES['row_order']}"
+    return (
+        list(range(1, n + 1)),
+        "row_order",
+        f"{untied}step: {CONSOLE_STEP_SOURCES['row_order']}",
+    )
+
+
+def _tied(
+    text: str, positions: Sequence[int], total: int | None, steps: Sequence[int | None]
+) -> bool:
+    """Whether the training bar advances with the metric dicts: for at least half of the dicts
+    after the first a bar was drawn since the dict before, and at least half of the dicts get a
+    step of their own. Not so when every bar precedes every dict (stderr saved apart from stdout
+    and the two joined) or a bar counts something else (its count is the same at every dict)."""
+    if len(positions) < 2:
+        return True
+    starts, _, totals = _bars(text)
+    if total is not None:
+        starts = starts[totals == total]
+    pos = np.asarray(positions, dtype=np.int64)
+    drawn = np.searchsorted(starts, pos[1:]) > np.searchsorted(starts, pos[:-1])
+    distinct = len({s for s in steps if s is not None})
+    return 2 * int(drawn.sum()) >= len(positions) - 1 and 2 * distinct >= len(positions)
+
+
+def _epoch_steps(epochs: Sequence[float | None], per_epoch: float) -> list[int | None]:
+    """Each dict's epoch x steps per epoch, rounded; where the dicts are evenly spaced by a
+    logging interval k > 1 (the epochs printed with too few digits to give the exact step),
+    snapped to the nearest multiple of k."""
+    raw = [None if e is None else e * per_epoch for e in epochs]
+    steps = [None if r is None else round(r) for r in raw]
+    known = [r for r in raw if r is not None]
+    if len(known) >= 3 and len(known) == len(raw):
+        gaps = np.diff(np.asarray(known))
+        k = round(float(np.median(gaps)))
+        if k > 1 and np.all(np.abs(gaps - k) <= 0.5 * k):
+            steps = [k * max(1, round(r / k)) for r in known]
+    return steps
 
 
 def _resumed(steps: Sequence[int | None]) -> bool:
@@ -184,11 +228,35 @@ def _increasing(steps: Sequence[int | None]) -> bool:
     return len(known) == len(steps) and all(b > a for a, b in itertools.pairwise(known))
 
 
+#: Words in a progress bar's description that say it is not the trainer's step counter: a
+#: generation engine's (vLLM's "Processed prompts", "Adding requests"), a data loader's, an
+#: evaluation's, a model download or load. The trainer's bar has no description, or "Training".
+_NOT_TRAINING_BAR_RE = re.compile(
+    r"(?i)prompt|request|generat|sampl|rollout|eval|valid|test|predict|load|download|fetch|"
+    r"shard|map\b|filter|token|render|captur|batches|examples|dataset|infer|compil|warm"
+)
+
+
+def _bar_description(text: str, start: int) -> str:
+    """The words before a bar's ``NN%|`` on its own line (tqdm's ``desc``), '' when none."""
+    line_start = max(text.rfind("\r", 0, start), text.rfind("\n", 0, start)) + 1
+    before = text[line_start:start]
+    cut = before.find("%|")
+    head = before[:cut] if cut >= 0 else before
+    return re.sub(r"\s*\d+%\s*$", "", head).strip(" :")
+
+
 @functools.lru_cache(maxsize=2)
 def _bars(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every progress bar ``N/TOTAL [`` of ``text``: (offsets, N, TOTAL), in text order (read
-    once per text: the runs' counters and each run's steps look at the same bars)."""
-    found = [(m.start(), int(m.group(1)), int(m.group(2))) for m in _BAR_RE.finditer(text)]
+    """Every progress bar ``N/TOTAL [`` of ``text`` that may count training steps: (offsets, N,
+    TOTAL), in text order (read once per text: the runs' counters and each run's steps look at
+    the same bars). A bar whose description names another job (``_NOT_TRAINING_BAR_RE``: a
+    generation engine's, a data loader's, an evaluation's) never gives a step."""
+    found = [
+        (m.start(), int(m.group(1)), int(m.group(2)))
+        for m in _BAR_RE.finditer(text)
+        if not _NOT_TRAINING_BAR_RE.search(_bar_description(text, m.start()))
+    ]
     if not found:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
@@ -240,15 +308,28 @@ def _bar_steps(text: str, positions: Sequence[int], total: int | None) -> list[i
     return out
 
 
-def _steps_per_epoch(text: str, bar_total: int | None) -> float | None:
-    """Total optimizer steps / epochs, from the trainer's banner (or the training bar's total)."""
+def _steps_per_epoch(text: str, bar_total: int | None) -> tuple[float | None, str]:
+    """(total optimizer steps / epochs, where they were read): the steps from the trainer's
+    banner, else the training bar's total; the epochs from the banner, else the end-of-training
+    summary dict's ``epoch`` (the run finished: its last step is the bar's total)."""
     epochs = _NUM_EPOCHS_RE.search(text)
     totals = _TOTAL_STEPS_RE.search(text)
     total = int(totals.group(1).replace(",", "")) if totals else bar_total
-    if epochs is None or not total:
-        return None
-    n_epochs = float(epochs.group(1))
-    return total / n_epochs if n_epochs > 0 else None
+    if not total:
+        return None, ""
+    steps_from = "the trainer banner" if totals else "the training bar's total"
+    if epochs is not None:
+        n_epochs = float(epochs.group(1))
+        where = f"total steps from {steps_from}, epochs from the trainer banner"
+    else:
+        final = [
+            _as_float(d.get("epoch")) for _, d in _printed_dicts_at(text) if "train_runtime" in d
+        ]
+        if not final or final[-1] is None:
+            return None, ""
+        n_epochs = float(final[-1])
+        where = f"total steps from {steps_from}, epochs from the end-of-training summary"
+    return (total / n_epochs if n_epochs > 0 else None), where
 
 
 def _as_float(value: Any) -> float | None:

@@ -24,7 +24,17 @@ FIXTURES = ROOT / "tests" / "fixtures" / "importers"
 SAMPLE_RUNS = ROOT / "sample_runs"
 REAL_RUNS = ROOT.parent / "shared" / "real_runs"
 GOLDEN = ROOT / "tests" / "fixtures" / "import_golden.tsv"
-FIELDS = ("input", "run", "format", "rows", "first_step", "last_step", "step_source", "verdict")
+FIELDS = (
+    "input",
+    "run",
+    "format",
+    "rows",
+    "first_step",
+    "last_step",
+    "step_source",
+    "verdict",
+    "error",
+)
 #: Files of the fixture folders that are not logs (notes for people).
 NOT_LOGS = {"README.md", "verdicts.tsv"}
 
@@ -41,7 +51,7 @@ def inputs() -> list[tuple[str, Path]]:
     if (FIXTURES / "shapes").is_dir():
         entries += list((FIXTURES / "shapes").iterdir())
     for p in sorted(entries):
-        if p.name not in NOT_LOGS and not p.name.startswith("."):
+        if p.name not in NOT_LOGS and p.suffix != ".py" and not p.name.startswith("."):
             out.append((f"fixtures/{p.relative_to(FIXTURES).as_posix()}", p))
     for run in sorted(find_runs(SAMPLE_RUNS)):
         out.append((f"sample_runs/{run.relative_to(SAMPLE_RUNS).as_posix()}", run))
@@ -55,15 +65,16 @@ def inputs() -> list[tuple[str, Path]]:
 def describe(key: str, path: Path) -> list[dict[str, str]]:
     """One row per run the input holds, as ``lld-monitor analyze`` reads it: a folder or file
     of several runs gives one row per run of the catalog (the triage); one run, its analysis."""
-    from lld_monitor.analysis.triage import analyse_one, is_collection_of_runs
+    from lld_monitor.analysis.triage import analyse_one, is_collection_of_runs, one_run_in
     from lld_monitor.importers import load_table
     from lld_monitor.importers.catalog import catalog, entries_of
 
     if is_collection_of_runs(path):
         entries = catalog(path)[0] if path.is_dir() else entries_of(path, path.name)
         targets = [(e.path, e.run, e.name if path.is_dir() else (e.run or "")) for e in entries]
-    else:
-        targets = [(path, None, "")]
+    else:  # one run (a folder of one run: that run, as the CLI reads it)
+        only = one_run_in(path)
+        targets = [(only[0], only[1], "") if only is not None else (path, None, "")]
     rows = []
     for target, run, label in targets:
         row = dict.fromkeys(FIELDS, "")
@@ -72,6 +83,9 @@ def describe(key: str, path: Path) -> list[dict[str, str]]:
         row["verdict"] = verdict.verdict
         if verdict.verdict in ("unreadable", "skipped", "summary"):
             row["format"] = "-"
+            # what was wrong, without the path (the start of the error: its kind)
+            error = str(verdict.error or "").replace(str(target), "PATH")
+            row["error"] = error[:80]
             rows.append(row)
             continue
         df = load_table(target, run=run)
