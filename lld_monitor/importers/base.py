@@ -21,7 +21,8 @@ _START_BYTES = 1 << 16  # what a complete head reads to tell a JSON file from a 
 _EXPECTED = (
     "expected an lld_monitor run folder, a CSV/Parquet/JSONL table, a TRL trainer_state.json or "
     "log_history JSON, a console/notebook log with TRL metric dicts, a W&B history CSV, a "
-    "TensorBoard event folder, or a verl console/file log"
+    "TensorBoard event folder, a verl console/file log, or the console log of OpenRLHF, slime, "
+    "SkyRL, NeMo-RL, AReaL, prime-rl or ROLL"
 )
 
 _NOT_JSON = object()  # Head.json_doc when the text does not parse as one JSON document

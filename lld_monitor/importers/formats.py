@@ -104,6 +104,8 @@ def _csv_header(first_line: str) -> list[str] | None:
     """The fields of a CSV/TSV header line naming at least one known metric, else None."""
     first = first_line.strip()
     sep = "\t" if first.count("\t") > first.count(",") else ","
+    if "{" in first or "}" in first:
+        return None  # (a console line with a printed dict, not a table's header)
     fields = [f.strip().strip('"') for f in first.split(sep)]
     if fields and _is_index_name(fields[0]):
         fields = fields[1:]  # (a table saved by pandas with its index: a first, unnamed column)
@@ -622,6 +624,48 @@ class Jsonl(Format):
         return _read_records(full.records or [], full.stripped)
 
 
+#: A console line that ends in a JSON metrics record: ROLL's stdout tracker prints
+#: ``metrics_tag: {"step": 12, "metrics": {"critic/score/mean": 0.4, ...}}`` through its logger
+_CONSOLE_JSON_RE = re.compile(r'(\{"step"\s*:.*\})\s*$', re.MULTILINE)
+
+
+def _console_json_rows(text: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """The metric rows of the JSON records printed at the end of console lines: ``step`` and
+    the record's ``metrics`` (or ``data``) object flattened with "/"; at most ``limit``."""
+    rows: list[dict[str, Any]] = []
+    for m in _CONSOLE_JSON_RE.finditer(text):
+        try:
+            rec = json.loads(m.group(1))
+        except json.JSONDecodeError:
+            continue
+        inner = rec.get("metrics", rec.get("data")) if isinstance(rec, dict) else None
+        if not isinstance(inner, dict):
+            continue
+        row: dict[str, Any] = {}
+        _flat(inner, "", row)
+        row[C.STEP] = rec["step"]
+        rows.append(row)
+        if limit is not None and len(rows) >= limit:
+            break
+    return rows
+
+
+class ConsoleJson(Format):
+    name = "console_json"
+    description = (
+        'a console log whose lines end in JSON metrics records (ROLL: metrics_tag: {"step": '
+        '12, "metrics": {...}})'
+    )
+    appendable = True
+
+    def sniff(self, head: Head) -> bool:
+        text = head.text
+        return '{"step"' in text and bool(_console_json_rows(text, limit=1))
+
+    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+        return _frame(_console_json_rows(_full(path, head).text)), "logged"
+
+
 class VerlConsole(Format):
     name = "verl_console"
     description = "a verl console log (step:N - actor/grad_norm:... lines)"
@@ -637,7 +681,9 @@ class VerlConsole(Format):
 
 class TrlConsole(Format):
     name = "trl_console"
-    description = "a console log or terminal capture with TRL's printed metric dicts"
+    description = (
+        "a console log or terminal capture with printed metric dicts (TRL, OpenRLHF, slime, SkyRL)"
+    )
     appendable = True
 
     def sniff(self, head: Head) -> bool:
@@ -765,6 +811,7 @@ REGISTRY: tuple[Format, ...] = (
     NotebookLog(),
     VerlJsonl(),
     Jsonl(),
+    ConsoleJson(),
     VerlConsole(),
     TrlConsole(),
     PlainConsole(),
@@ -785,6 +832,7 @@ _SNIFF_ORDER: tuple[str, ...] = (
     "jsonl",
     "wandb_csv",
     "csv",
+    "console_json",
     "verl_console",
     "trl_console",
     "plain_console",
@@ -820,7 +868,46 @@ def detect(path: Path, *, complete: bool = True) -> tuple[Format, Head | None]:
         if _BY_NAME[name].sniff(head):
             return _BY_NAME[name], head
     where = "" if complete else " (from its first MiB)"
-    raise ImportFormatError(f"{path}: unknown format{where}; {_EXPECTED}")
+    try:
+        hint = framework_hint(head.text)
+    except ImportFormatError:
+        hint = ""
+    raise ImportFormatError(f"{path}: unknown format{where}; {hint}{_EXPECTED}")
+
+
+#: What each RL framework's log names (a marker in its text) -> (the framework, the metric
+#: lines its logger writes, which this file lacks). docs/importers.md, "Frameworks".
+FRAMEWORK_MARKERS: tuple[tuple[str, str, str], ...] = (
+    (r"verl|TaskRunner", "verl", "'step:N - key:value' lines (its console logger)"),
+    (r"openrlhf|OpenRLHF", "OpenRLHF", "'Global step N: {...}' lines (ppo_trainer.py)"),
+    (r"\bslime\b", "slime", "'step N: {...}' / 'rollout N: {...}' lines"),
+    (r"skyrl|SkyRL", "SkyRL", "'Step N:' and a printed dict (trainer.logger=console)"),
+    (r"nemo_rl|NeMo-RL|NeMo RL", "NeMo-RL", "'Step N/M' banners and '• Avg Reward:' lines"),
+    (r"areal|AReaL|StatsLogger", "AReaL", "'Train step N/M done.' and its stats table"),
+    (r"prime_rl|prime-rl", "prime-rl", "'Step N | ... | Reward x |' lines"),
+    (r"metrics_tag|\broll\.", "ROLL", '\'metrics_tag: {"step": N, "metrics": {...}}\' lines'),
+    (r"open_instruct|open-instruct", "Open-Instruct", "its W&B history (training_step, scores)"),
+    (r"tinker_cookbook|tinker", "Tinker cookbook", 'metrics.jsonl ({"step": N, ...} lines)'),
+    (r"unsloth|Unsloth", "Unsloth", "TRL's printed dicts or the notebook's training table"),
+    (r"GRPOTrainer|trl\b", "TRL", "printed dicts {'loss': ..., 'reward': ...} after tqdm bars"),
+)
+
+
+def framework_hint(text: str) -> str:
+    """'looks like a <framework> log ...; ' for a file no reader accepts whose text names a
+    framework (what its logger writes, which the file lacks), else ''."""
+    head = text[:SNIFF_HINT_CHARS]
+    for marker, name, lines in FRAMEWORK_MARKERS:
+        if re.search(marker, head):
+            return (
+                f"it looks like a log of {name} (it names {re.search(marker, head).group(0)!r}) "
+                f"but holds none of the metric lines its logger writes: {lines}; was the "
+                "metrics logger off, or is this another process's log? "
+            )
+    return ""
+
+
+SNIFF_HINT_CHARS = 1 << 16
 
 
 def checkpoint_states(path: Path) -> tuple[Path | None, int, list[str]]:

@@ -18,12 +18,15 @@ from lld_monitor import columns as C
 FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
     # transformers / W&B; a hosted service's metrics.jsonl numbers its batches progress/batch
     C.STEP: (
+        # Open-Instruct logs global_step = episodes seen and training_step = the step
+        "training_step",
         "global_step",
         "train/global_step",
         "trainer/global_step",
         "_step",
         "Step",
         "progress/batch",
+        "rollout/step",  # slime's W&B / TensorBoard x-axis
     ),
     C.TIME: ("_timestamp", "timestamp", "wall_time"),
     # TRL: reward; verl: critic/score/mean (the task score, before any in-reward KL penalty);
@@ -37,10 +40,15 @@ FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
         "avg_reward",
         "mean_reward",
         "reward/mean",
+        "rollout/reward_mean",  # OpenRLHF (before dynamic filtering)
+        "rollout/raw_reward",  # slime
+        "reward/avg_raw_reward",  # SkyRL
+        "ppo_actor/task_reward/avg",  # AReaL
+        "scores",  # Open-Instruct
     ),
     # slash-namespaced loggers (a hosted-training cookbook's metrics.jsonl: reward/mean,
     # reward/std, policy/entropy, policy/kl, optim/lr, progress/*)
-    C.REWARD_STD: ("reward/std",),
+    C.REWARD_STD: ("reward/std", "rollout/reward_std", "reward_std_dev"),
     # TRL's stock accuracy_reward returns 1/0 per completion: its mean is the accuracy;
     # env/all/correct: the share of episodes graded correct (Tinker cookbook)
     # acc: what hand-written loops print
@@ -50,9 +58,23 @@ FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
         "env/all/correct",
         "acc",
     ),
-    C.LOSS: ("actor/pg_loss",),
-    C.LEARNING_RATE: ("lr", "actor/lr", "optim/lr"),
-    C.GRAD_NORM: ("actor/grad_norm", "gnorm", "policy/grad_norm", "optim/grad_norm"),
+    C.LOSS: (
+        "actor/pg_loss",
+        "policy_loss",  # OpenRLHF
+        "pg_loss",  # slime (train/pg_loss)
+        "policy/policy_loss",  # SkyRL
+        "loss/policy_avg",  # Open-Instruct
+        "loss/mean",  # prime-rl
+    ),
+    C.LEARNING_RATE: ("lr", "actor/lr", "optim/lr", "actor_lr", "policy/policy_lr"),
+    C.GRAD_NORM: (
+        "actor/grad_norm",
+        "gnorm",
+        "policy/grad_norm",  # SkyRL
+        "optim/grad_norm",  # Open-Instruct, prime-rl
+        "actor_grad_norm",  # OpenRLHF
+        "ppo_actor/update/grad_norm",  # AReaL
+    ),
     # verl's actor/entropy_loss is the mean entropy (not scaled by a coefficient); TRL's
     # entropy_loss is the entropy bonus term, the mean per-token entropy it acts on
     C.ENTROPY: (
@@ -61,13 +83,46 @@ FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
         "optim/entropy",
         "entropy_loss",
         "policy/entropy",
+        "policy/policy_entropy",  # SkyRL
+        "policy/entropy_avg",  # Open-Instruct
+        "ppo_actor/update/entropy/avg",  # AReaL
+        "entropy/all/mean",  # prime-rl
     ),
     # KL to the reference first (verl's kl_loss), then verl's old-vs-current ppo_kl, then the
     # sampler-vs-learner KL of a hosted service (Tinker cookbook's optim/kl_sample_train_v1)
-    C.KL: ("actor/kl_loss", "actor/ppo_kl", "optim/kl_sample_train_v1", "policy/kl"),
-    C.COMPLETION_LENGTH: ("completions/mean_length", "response_length/mean", "response_length"),
+    C.KL: (
+        "actor/kl_loss",
+        "actor/ppo_kl",
+        "optim/kl_sample_train_v1",
+        "policy/kl",
+        "kl_loss",  # slime (train/kl_loss)
+        "policy/policy_kl",  # SkyRL (use_kl_loss)
+        "loss/kl_avg",  # Open-Instruct
+        "ppo_actor/update/approx_kl/avg",  # AReaL (old vs current policy)
+        "mismatch_kl/all/mean",  # prime-rl (sampler vs trainer)
+    ),
+    C.COMPLETION_LENGTH: (
+        "completions/mean_length",
+        "response_length/mean",
+        "response_length",
+        "rollout/response_length_mean",  # OpenRLHF
+        "rollout/response_len/mean",  # slime
+        "generate/avg_num_tokens",  # SkyRL
+        "avg_response_length",  # SkyRL's console line
+        "ppo_actor/seq_len/avg",  # AReaL
+        "val/sequence_lengths",  # Open-Instruct (training rollouts, despite val/)
+        "mean_gen_tokens_per_sample",  # NeMo-RL
+        "generation_length",  # NeMo-RL's console line (Mean Generation Length: ...)
+    ),
     # TRL: share of completions that hit max_completion_length; verl: of max_response_length
-    C.FRAC_TRUNCATED: ("completions/clipped_ratio", "response_length/clip_ratio"),
+    C.FRAC_TRUNCATED: (
+        "completions/clipped_ratio",
+        "response_length/clip_ratio",
+        "rollout/truncated_rate",  # OpenRLHF
+        "rollout/truncated_ratio",  # slime
+        "ppo_actor/no_eos_ratios/avg",  # AReaL
+        "truncation",  # prime-rl's console line (Truncation 5.0%)
+    ),
     C.NUM_SEARCHES: ("tools/call_frequency", "env/number_of_valid_search"),
     C.FRAC_ZERO_STD_GROUPS: ("frac_reward_zero_std",),
     # the paper authors' verl fork (Search-R1 + LLDS): the lambda in force; a public

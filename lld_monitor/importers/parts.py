@@ -40,8 +40,10 @@ EVAL_TYPES = frozenset({"eval", "evaluation", "val", "valid", "validation", "tes
 
 
 def is_eval_name(name: str) -> bool:
-    """True for a column name of an evaluation metric."""
-    return str(name).strip().startswith(EVAL_PREFIXES)
+    """True for a column name of an evaluation metric (not one the mapping table names as a
+    training metric: Open-Instruct's ``val/sequence_lengths`` is of the training rollouts)."""
+    name = str(name).strip()
+    return name.startswith(EVAL_PREFIXES) and name not in _LOOKUP
 
 
 def step_column(frame: pd.DataFrame) -> str | None:

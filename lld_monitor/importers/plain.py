@@ -67,8 +67,31 @@ def _is_metric(key: str) -> bool:
     return (hit is not None and hit[0] not in (C.STEP, C.TIME)) or _reward_fn_name(key) is not None
 
 
+_CELL_SPLIT_RE = re.compile(r"\s*[│|┃]\s*")
+
+
+def _table_pairs(body: str) -> list[tuple[str, str, float]]:
+    """(``""``, key, value) of a table row of key and value cells in turn (``│ loss │ 1.2e-02 │
+    grad_norm │ 3.1e-01 │``: tabulate's grids, AReaL's stats table), else []."""
+    if "│" not in body and "┃" not in body and body.count("|") < 3:
+        return []
+    cells = [c for c in _CELL_SPLIT_RE.split(body.strip()) if c]
+    if len(cells) < 2 or len(cells) % 2:
+        return []
+    out: list[tuple[str, str, float]] = []
+    for key, text in zip(cells[::2], cells[1::2]):
+        value = _number(text)
+        if value is None or not re.fullmatch(r"[A-Za-z_][\w./-]*", key):
+            return []
+        out.append(("", key, value))
+    return out
+
+
 def _pairs(body: str) -> list[tuple[str, str, float]]:
     """(qualifier word, key, value) of every metric field of a line's body."""
+    table = _table_pairs(body)
+    if table:
+        return table
     out: list[tuple[str, str, float]] = []
     seen: set[int] = set()
     for m in _PAIR_RE.finditer(body):
@@ -128,6 +151,16 @@ def _row(body: str, label: str, line: str) -> dict[str, Any]:
     return row
 
 
+def _find_step(line: str) -> re.Match[str] | None:
+    """The step a line names: its ``train step N`` or ``global step N`` when it names one
+    (AReaL's "Epoch 1/2 Step 3/15 Train step 18/30 done."), else its first ``step N``."""
+    found = list(_STEP_RE.finditer(line))
+    for m in found:
+        if re.search(r"(?i)(?:train(?:ing)?|global)[\s_]*$", line[: m.start()]):
+            return m
+    return found[0] if found else None
+
+
 def parse_plain(text: str) -> list[dict[str, Any]]:
     """The metric rows of a plain training-loop log, in file order: one dict per metric line
     (``step`` when it names one; eval metrics as ``eval/<key>``) and one per step for printed
@@ -154,7 +187,7 @@ def parse_plain(text: str) -> list[dict[str, Any]]:
     offset = 0
     for line in text.splitlines(keepends=True):
         end = offset + len(line)
-        found_step = _STEP_RE.search(line)
+        found_step = _find_step(line)
         in_tensor = False
         while k < len(spans) and spans[k][0] < end:
             values = [_number(v) for v in re.split(r"[,\s]+", spans[k][2]) if v.strip()]
@@ -282,15 +315,20 @@ def parse_iterations(text: str) -> list[dict[str, Any]]:
 
 
 def sniff_plain(text: str) -> bool:
-    """At least two metric lines (a step and a known metric), a printed reward tensor, or
-    ``MIN_ITERATIONS`` iterations of metrics printed without a step."""
+    """At least two metric lines (a step and a known metric), a printed reward tensor, two
+    steps whose metrics are printed on the lines under their header (``===== Step 3/100
+    =====`` then ``• Loss: 0.01``), or ``MIN_ITERATIONS`` iterations of metrics printed
+    without a step."""
     hits = 0
     for line in text.splitlines():
-        m = _STEP_RE.search(line)
+        m = _find_step(line)
         if m is None:
             continue
         if any(_metric_name(q, k) is not None for q, k, _ in _pairs(line[m.end() :])):
             hits += 1
             if hits >= 2:
                 return True
-    return _REWARDS_RE.search(text) is not None or bool(parse_iterations(text))
+    if _REWARDS_RE.search(text) is not None:
+        return True
+    steps = {r[C.STEP] for r in parse_plain(text) if C.STEP in r}
+    return len(steps) >= 2 or bool(parse_iterations(text))

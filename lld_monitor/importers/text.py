@@ -18,7 +18,15 @@ import numpy as np
 from lld_monitor import columns as C
 from lld_monitor.importers.names import _LOOKUP
 
-_PRINTED_DICT_RE = re.compile(r"\{'[^{}\n]*\}")
+#: A printed dict of metrics: on one line, or as ``pprint`` wraps it (a line a key, each
+#: continuation line starting with the key's quote: SkyRL's console logger)
+_PRINTED_DICT_RE = re.compile(r"\{'[^{}\n]*(?:\n[ \t]*'[^{}\n]*)*\}")
+#: The label printed before a dict that gives its step: ``Global step 12: {...}`` (OpenRLHF),
+#: ``step 12: {...}`` / ``rollout 12: {...}`` (slime), ``Step 12:`` on the line before (SkyRL)
+_DICT_LABEL_RE = re.compile(
+    r"(?i)(?<![\w/])(?:global[ _]?)?(?:step|rollout|iteration|iter|update)\s*[:#=]?\s*(\d+)"
+    r"\s*[:|,-]?\s*$"
+)
 
 
 _VERL_LINE_RE = re.compile(r"(?:^|[\s)\]])step:\d+ - [^\s:]+:\S", re.MULTILINE)
@@ -137,6 +145,13 @@ def console_steps(
     """
     n = len(training)
     positions = [pos for pos, _ in training]
+    labelled = _label_steps(text, positions)
+    if n and labelled is not None:
+        return (
+            labelled,
+            "logged",
+            "step from the label printed before each metric dict ('step 12: {...}')",
+        )
     total = _training_bar_total(text, positions)
     bars = _bar_steps(text, positions, total)
     untied = ""
@@ -177,6 +192,25 @@ def console_steps(
         "row_order",
         f"{untied}step: {CONSOLE_STEP_SOURCES['row_order']}",
     )
+
+
+def _label_steps(text: str, positions: Sequence[int]) -> list[int] | None:
+    """The step each dict's label gives (``step 12: {...}``, or ``Step 12:`` alone on the line
+    before the dict), when every dict has one and they never decrease; else None."""
+    steps: list[int] = []
+    for pos in positions:
+        line_start = text.rfind("\n", 0, pos) + 1
+        before = text[line_start:pos]
+        if not before.strip():  # (the dict starts its line: the label ends the line before)
+            prev = text.rfind("\n", 0, max(0, line_start - 1)) + 1
+            before = text[prev : max(prev, line_start - 1)]
+        m = _DICT_LABEL_RE.search(_ANSI_RE.sub("", before))
+        if m is None:
+            return None
+        steps.append(int(m.group(1)))
+    if any(b < a for a, b in itertools.pairwise(steps)):
+        return None
+    return steps
 
 
 def _tied(
@@ -239,8 +273,8 @@ _NOT_TRAINING_BAR_RE = re.compile(
 
 def _bar_description(text: str, start: int) -> str:
     """The words before a bar's ``NN%|`` on its own line (tqdm's ``desc``), '' when none."""
-    line_start = max(text.rfind("\r", 0, start), text.rfind("\n", 0, start)) + 1
-    before = text[line_start:start]
+    window = text[max(0, start - 160) : start]  # (a description is short: no search back)
+    before = window[max(window.rfind("\r"), window.rfind("\n")) + 1 :]
     cut = before.find("%|")
     head = before[:cut] if cut >= 0 else before
     return re.sub(r"\s*\d+%\s*$", "", head).strip(" :")

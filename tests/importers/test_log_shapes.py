@@ -158,3 +158,76 @@ def test_plain_iteration_prints_one_row_per_iteration_eval_apart():
     assert df[C.LOSS].tolist() == pytest.approx([round(0.01 * s, 4) for s in range(1, N + 1)])
     evals = load_eval_table(SHAPES / "plain_iterations.log")
     assert evals["eval/accuracy"].tolist() == [0.5, 0.5, 0.5]
+
+
+# --- each framework's own logs (their shapes from each logger's source: make_shapes.py) ------
+
+#: fixture -> (format, first step, the canonical columns its logger's keys give)
+FRAMEWORK_LOGS = {
+    "fw_openrlhf_console.log": (
+        "trl_console",
+        1,
+        {C.GRAD_NORM, C.ENTROPY, C.KL, C.COMPLETION_LENGTH, C.REWARD_STD, C.FRAC_TRUNCATED},
+    ),
+    "fw_slime_console.log": (
+        "trl_console",
+        0,
+        {C.GRAD_NORM, C.ENTROPY, C.KL, C.COMPLETION_LENGTH, C.LOSS, C.FRAC_TRUNCATED},
+    ),
+    "fw_skyrl_console.log": (
+        "trl_console",
+        1,
+        {C.GRAD_NORM, C.ENTROPY, C.COMPLETION_LENGTH, C.LOSS, C.LEARNING_RATE},
+    ),
+    "fw_nemo_rl_console.log": ("plain_console", 1, {C.LOSS, C.COMPLETION_LENGTH}),
+    "fw_areal_console.log": (
+        "plain_console",
+        1,
+        {C.GRAD_NORM, C.ENTROPY, C.KL, C.COMPLETION_LENGTH, C.FRAC_TRUNCATED},
+    ),
+    "fw_prime_rl_orchestrator.log": ("plain_console", 0, {C.FRAC_TRUNCATED}),
+    "fw_roll_console.log": (
+        "console_json",
+        0,
+        {C.GRAD_NORM, C.ENTROPY, C.KL, C.COMPLETION_LENGTH, C.LOSS},
+    ),
+    "fw_open_instruct_wandb.csv": (
+        "wandb_csv",
+        1,
+        {C.GRAD_NORM, C.ENTROPY, C.KL, C.COMPLETION_LENGTH, C.LOSS, C.LEARNING_RATE},
+    ),
+    "fw_art_wandb.csv": ("wandb_csv", 1, {C.GRAD_NORM, C.REWARD_STD, C.LOSS}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FRAMEWORK_LOGS))
+def test_framework_log_reads_with_its_steps_and_values(name):
+    fmt, first, columns = FRAMEWORK_LOGS[name]
+    df = load_table(SHAPES / name)
+    assert df.attrs["source_format"] == fmt
+    assert df[C.STEP].tolist() == list(range(first, first + N))
+    # the reward of each step, as the fixture's logger wrote it (4 decimals where it rounds)
+    want = [_reward(s) for s in range(1, N + 1)]
+    assert df[C.REWARD_MEAN].tolist() == pytest.approx(want, abs=1e-4)
+    missing = {c for c in columns if c not in df.columns or df[c].isna().any()}
+    assert not missing, missing
+
+
+def test_areal_train_step_not_the_epochs_step():
+    df = load_table(SHAPES / "fw_areal_console.log")  # "Epoch 2/2 Step 1/15 Train step 16/30"
+    assert df[C.STEP].tolist() == list(range(1, N + 1))
+
+
+def test_open_instruct_val_lengths_are_training_metrics():
+    df = load_table(SHAPES / "fw_open_instruct_wandb.csv")
+    assert df[C.COMPLETION_LENGTH].notna().all()
+    assert load_eval_table(SHAPES / "fw_open_instruct_wandb.csv").columns.tolist() == [C.STEP]
+
+
+def test_a_framework_log_without_metric_lines_says_which_and_what_is_missing(tmp_path):
+    path = tmp_path / "train.log"
+    path.write_text(
+        "[INFO] launching openrlhf.cli.train_ppo_ray\nloading model ...\nvLLM engines ready\n"
+    )
+    with pytest.raises(ImportFormatError, match=r"looks like a log of OpenRLHF .*Global step N"):
+        load_table(path)
