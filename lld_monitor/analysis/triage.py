@@ -38,6 +38,7 @@ __all__ = [
     "one_run_in",
     "sort_key",
     "triage",
+    "triage_file",
     "triage_one",
 ]
 
@@ -224,21 +225,42 @@ def triage(
     def tick(i: int) -> None:
         line(i, len(entries))
 
+    # the runs of one file go together: the file is parsed once for all of them (load_runs)
+    groups: dict[Path, list[str | None]] = {}
+    for path, run in entries:
+        groups.setdefault(path, []).append(run)
     out: list[RunVerdict] = []
     if jobs > 1 and len(entries) >= PARALLEL_MIN_RUNS:
-        out = _triage_parallel(entries, base, jobs, tick)
+        out = _triage_parallel(list(groups.items()), base, jobs, tick)
     else:
-        for i, (path, run) in enumerate(entries, start=1):
-            out.append(triage_one(path, base, run))
-            tick(i)
+        for path, runs in groups.items():
+            out += triage_file(path, base, runs)
+            tick(len(out))
     return sorted(out, key=sort_key)
 
 
-def _triage_parallel(
-    entries: list[tuple[Path, str | None]], base: Path, jobs: int, tick: Any
+def triage_file(
+    path: Path, base: Path, runs: list[str | None], *, fork: bool = True
 ) -> list[RunVerdict]:
-    """``triage_one`` of every entry in ``jobs`` worker processes; a worker that dies (out of
-    memory) leaves its runs ``unreadable`` with the reason, never stops the rest."""
+    """``triage_one`` of each of ``runs`` of one file; a file of several runs is read once for
+    all of them (``load.load_runs``); if that fails each run is read on its own, so that each
+    line says what is wrong with it."""
+    if len(runs) < 2 or None in runs:
+        return [triage_one(path, base, run, fork=fork) for run in runs]
+    from lld_monitor.importers.load import load_runs
+
+    try:
+        tables = dict(load_runs(path))
+    except Exception:  # (each run's own reading says why)
+        tables = {}
+    return [analyse_one(path, base, run, tables.get(str(run)), fork=fork)[0] for run in runs]
+
+
+def _triage_parallel(
+    entries: list[tuple[Path, list[str | None]]], base: Path, jobs: int, tick: Any
+) -> list[RunVerdict]:
+    """``triage_file`` of every file (its runs) in ``jobs`` worker processes; a worker that
+    dies (out of memory) leaves its runs ``unreadable`` with the reason, never stops the rest."""
     import concurrent.futures as cf
     import multiprocessing as mp
 
@@ -248,15 +270,16 @@ def _triage_parallel(
     workers = min(jobs, len(entries))
     # (a worker per core already: a long run's replay stays in its worker, fork=False)
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {pool.submit(triage_one, p, base, r, fork=False): (p, r) for p, r in entries}
-        for i, fut in enumerate(cf.as_completed(futures), start=1):
-            path, run = futures[fut]
+        futures = {pool.submit(triage_file, p, base, rs, fork=False): (p, rs) for p, rs in entries}
+        for fut in cf.as_completed(futures):
+            path, runs = futures[fut]
             try:
-                out.append(fut.result())
+                out += fut.result()
             except Exception as exc:  # the worker process itself failed
-                name = str(path.relative_to(base)) if path.is_relative_to(base) else path.name
-                if run is not None:
-                    name = f"{name} [{run}]"
-                out.append(RunVerdict(name, str(path), "unreadable", error=f"worker failed: {exc}"))
-            tick(i)
+                for run in runs:
+                    name = entry_name(path, base, run)
+                    out.append(
+                        RunVerdict(name, str(path), "unreadable", error=f"worker failed: {exc}")
+                    )
+            tick(len(out))
     return out

@@ -187,32 +187,96 @@ class Head:
             return None
 
 
-class Format:
-    """One log format: ``sniff(head)`` says whether a file is in it, ``read`` reads it.
+#: One run of a file: (its name, the raw metric table, its step source).
+Run = tuple[str, pd.DataFrame, str]
 
-    ``read(path, head)`` returns the raw metric table (foreign names; ``canonicalize`` maps them)
-    and its ``step_source``. Folder formats sniff a folder (``sniff_folder``), file formats a
-    ``Head``.
+
+class Format:
+    """One log format, declared in one place (register an instance in ``formats.REGISTRY``):
+
+    - ``name``, ``description``;
+    - ``rank``: its place in detection (``detect`` sniffs a file with every ranked format, the
+      lowest rank first; the first that says yes reads it); None: never sniffed from a file
+      (a folder format);
+    - ``suffixes``: loose files with these suffixes are taken for runs in a folder of runs
+      (listed even when they do not read, so that their error shows); ``maybe_suffixes``:
+      only when their content sniffs as a known format;
+    - ``sniff(head)``: is this file mine?
+    - ``read_one(path, head)``: the raw metric table of the whole file (foreign names;
+      ``canonicalize`` maps them) and its ``step_source``;
+    - ``load_runs(path, head)``: the file parsed once into its runs, ``(name, frame,
+      step_source)`` each: one run named "1" unless ``appendable`` (runs appended to one log:
+      cut where the step counter restarts, ``parts.split_runs``, named "1", "2", ...);
+    - ``runs(path, head)``: the names of its runs (cheap where the format can say without
+      parsing the whole file); ``read(path, head, run=)``: one run (``run``: its name; None:
+      the file's own choice, the latest of appended runs).
     """
 
     name: ClassVar[str]
     description: ClassVar[str]
-    #: A log that runs are appended to (a console log, a JSONL metrics file): ``read_runs`` cuts
-    #: it where the step counter restarts (``parts.run_bounds``).
+    rank: ClassVar[int | None] = None
+    suffixes: ClassVar[frozenset[str]] = frozenset()
+    maybe_suffixes: ClassVar[frozenset[str]] = frozenset()
+    #: A log that runs are appended to (a console log, a JSONL metrics file): ``load_runs``
+    #: cuts it where the step counter restarts (``parts.run_bounds``).
     appendable: ClassVar[bool] = False
 
     def sniff(self, head: Head) -> bool:
         return False
 
-    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+    def read_one(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
         raise NotImplementedError
 
-    def read_runs(self, path: Path, head: Head | None = None) -> list[tuple[pd.DataFrame, str]]:
-        """The runs the file holds, in file order, each as ``read`` gives one: one run unless
-        the format is ``appendable`` and its step counter restarts."""
-        frame, source = self.read(path, head)
+    def load_runs(self, path: Path, head: Head | None = None) -> list[Run]:
+        frame, source = self.read_one(path, head)
         if not self.appendable:
-            return [(frame, source)]
+            return [("1", frame, source)]
         from lld_monitor.importers.parts import split_runs
 
-        return [(part, source) for part in split_runs(frame)]
+        return [(str(i), part, source) for i, part in enumerate(split_runs(frame), start=1)]
+
+    def runs(self, path: Path, head: Head | None = None) -> list[str]:
+        if not self.appendable:
+            return ["1"]
+        return [name for name, _, _ in self.load_runs(path, head)]
+
+    def read(
+        self, path: Path, head: Head | None = None, run: str | None = None
+    ) -> tuple[pd.DataFrame, str]:
+        return pick_run(path, self, self.load_runs(path, head), run)
+
+
+def pick_run(path: Path, fmt: Format, runs: list[Run], run: str | None) -> tuple[pd.DataFrame, str]:
+    """One run of a file that holds ``runs``: ``run`` (its name), else the latest; where the
+    file holds several, a note says which was read and names the others."""
+    from lld_monitor.importers.parts import describe_runs
+
+    names = [name for name, _, _ in runs]
+    if len(runs) == 1 and run in (None, names[0]):
+        return runs[0][1], runs[0][2]
+    if len(runs) == 1 and not fmt.appendable:
+        raise ImportFormatError(
+            f"{path}: --run picks one training table of a notebook, one run of a W&B export, "
+            f"or one of the runs appended to a log; this file is {fmt.description}, one run"
+        )
+    labels = describe_runs([f for _, f, _ in runs])
+    if run is None:
+        index = len(runs) - 1
+    elif str(run).strip() in names:
+        index = names.index(str(run).strip())
+    else:
+        raise ImportFormatError(
+            f"{path}: --run {run!r}: this log holds {len(runs)} run(s): " + "; ".join(labels)
+        )
+    _, frame, source = runs[index]
+    out = frame.copy(deep=False)
+    out.attrs = dict(frame.attrs)
+    others = [lab for i, lab in enumerate(labels) if i != index]
+    how = "as asked" if run is not None else "the latest"
+    out.attrs["import_notes"] = [
+        *frame.attrs.get("import_notes", []),
+        f"a log of {len(runs)} runs appended one after another (the step counter restarts): "
+        f"read {labels[index]}, {how}; also there: {'; '.join(others)} (pick one with --run N; "
+        "analysing the file lists them all)",
+    ]
+    return out, source

@@ -24,17 +24,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from lld_monitor.importers.formats import LOG_SUFFIXES, MAYBE_LOG_SUFFIXES
+
 #: Entries that are never runs: caches, and W&B's own debug logs beside its run folders.
 NOT_RUNS = frozenset(
     {"__pycache__", "node_modules", "site-packages", "debug.log", "debug-internal.log"}
     | {"debug-core.log"}
 )
-#: Suffixes of loose files taken for runs (listed as unreadable when they do not read).
-LOG_SUFFIXES = frozenset({".json", ".jsonl", ".csv", ".ipynb", ".parquet", ".wandb"})
-#: Suffixes of loose files taken for runs only when their content is a known log format (a
-#: console log, a terminal capture in markdown, a TSV export), so a README, a notes file or a
-#: library's debug log is not listed.
-MAYBE_LOG_SUFFIXES = frozenset({".log", ".out", ".md", ".txt", ".tsv"})
+# LOG_SUFFIXES: suffixes of loose files taken for runs (listed as unreadable when they do not
+# read); MAYBE_LOG_SUFFIXES: taken only when their content is a known log format (a console log,
+# a terminal capture in markdown, a TSV export), so a README, a notes file or a library's debug
+# log is not listed. Each format declares its own (``Format.suffixes``, ``maybe_suffixes``).
 #: How deep sub-folders that hold runs are searched (our run folders: at any depth).
 MAX_DEPTH = 4
 #: At most this many entries are listed (the rest are named in the problems).

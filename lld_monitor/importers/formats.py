@@ -28,6 +28,7 @@ from lld_monitor.importers.base import (
     Format,
     Head,
     ImportFormatError,
+    Run,
     _one_line,
 )
 from lld_monitor.importers.names import (
@@ -373,11 +374,16 @@ def _read_printed_runs(text: str, *, split: bool = True) -> list[tuple[pd.DataFr
 # --- the formats, in the order they are tried ---------------------------------------------------
 
 
+#: Suffixes of console logs (a terminal capture in markdown too): taken for runs only when their
+#: content is a known format, so a README or a library's debug log is not listed.
+CONSOLE_SUFFIXES = frozenset({".log", ".out", ".md", ".txt"})
+
+
 class LldRun(Format):
     name = "lld_run"
     description = "an lld_monitor run folder (meta.json + steps.jsonl)"
 
-    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+    def read_one(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
         from lld_monitor.runlog import RunFormatError, load_run
 
         try:
@@ -391,12 +397,13 @@ class LldRun(Format):
 
 class TensorBoard(Format):
     name = "tensorboard"
+    rank = 20
     description = "a TensorBoard event folder or events.out.tfevents.* file"
 
     def sniff(self, head: Head) -> bool:
         return _TB_NAME in head.path.name
 
-    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+    def read_one(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
         files = [path] if path.is_file() else sorted(p for p in path.rglob(f"*{_TB_NAME}*"))
@@ -417,18 +424,22 @@ class TensorBoard(Format):
 
 class Parquet(Format):
     name = "parquet"
+    rank = 30
+    suffixes = frozenset({".parquet"})
     description = "a Parquet table with canonical column names"
 
     def sniff(self, head: Head) -> bool:
         return head.magic == b"PAR1"
 
-    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+    def read_one(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
         frame = pd.read_parquet(path)
         return frame, _step_source(frame)
 
 
 class TrlTrainerState(Format):
     name = "trl_trainer_state"
+    rank = 40
+    suffixes = frozenset({".json"})
     description = "a TRL/transformers trainer_state.json (log_history)"
 
     def sniff(self, head: Head) -> bool:
@@ -440,7 +451,7 @@ class TrlTrainerState(Format):
             return head.lead == "{" and '"log_history"' in start and head.first_record is None
         return isinstance(doc, dict) and isinstance(doc.get("log_history"), list)
 
-    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+    def read_one(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
         doc = _full(path, head).json_doc
         if doc is _NOT_JSON:
             raise ImportFormatError(
@@ -453,6 +464,8 @@ class TrlTrainerState(Format):
 
 class NotebookLog(Format):
     name = "notebook_log"
+    rank = 50
+    suffixes = frozenset({".ipynb"})
     description = (
         "a Jupyter/Colab notebook (.ipynb: its training tables, or TRL's printed metric dicts) "
         "or a notebook stream log"
@@ -477,6 +490,20 @@ class NotebookLog(Format):
         if isinstance(doc, dict) and isinstance(doc.get("cells"), list):
             return _notebook_text(doc)
         return "".join(_stream_text(r) for r in head.doc_records or [])
+
+    def runs(self, path: Path, head: Head | None = None) -> list[str]:
+        """One run, named by the number of the training table read by default (the last with
+        a reward column); "1" for printed dicts. ``--run N`` may pick any other table."""
+        doc = _full(path, head).json_doc
+        if isinstance(doc, dict) and isinstance(doc.get("cells"), list) and has_outputs(doc):
+            tables = notebook_tables(doc)
+            if tables:
+                return [str(pick_table(tables)[0].number)]
+        return ["1"]
+
+    def load_runs(self, path: Path, head: Head | None = None) -> list[Run]:
+        full = _full(path, head)
+        return [(name, *self.read(path, full, run=name)) for name in self.runs(path, full)]
 
     def read(
         self, path: Path, head: Head | None = None, run: str | None = None
@@ -507,7 +534,7 @@ class NotebookLog(Format):
                     f"step from the Step column of the notebook's training table {table.number}"
                 )
                 return frame, "logged"
-        if run is not None:
+        if run not in (None, "1"):
             raise ImportFormatError(
                 f"{path}: --run picks one of a notebook's training tables, and this one has "
                 "none (it is read from the metric dicts printed in its output)"
@@ -517,6 +544,8 @@ class NotebookLog(Format):
 
 class WandbRun(Format):
     name = "wandb_run"
+    rank = 10
+    suffixes = frozenset({".wandb"})
     description = (
         "a W&B run folder (wandb/run-*, offline-run-*, latest-run: the history in its "
         "run-*.wandb file) or a .wandb file"
@@ -525,7 +554,7 @@ class WandbRun(Format):
     def sniff(self, head: Head) -> bool:
         return head.magic == WANDB_IDENT
 
-    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+    def read_one(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
         """The history of the run's ``.wandb`` file; without one, ``files/output.log`` (the
         console), then ``files/wandb-summary.json`` (one row); the notes say which."""
         folder = path if path.is_dir() else path.parent
@@ -577,6 +606,8 @@ class WandbRun(Format):
 
 class VerlJsonl(Format):
     name = "verl_jsonl"
+    rank = 60
+    suffixes = frozenset({".jsonl"})
     description = 'a verl file-logger JSONL ({"step": ..., "data": {...}} per line)'
     appendable = True
 
@@ -587,7 +618,7 @@ class VerlJsonl(Format):
         records = head.records
         return bool(records) and all(map(_is_verl_record, records))
 
-    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+    def read_one(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
         records = _full(path, head).records or []
         rows = [{**dict(r["data"]), C.STEP: r["step"]} for r in records]
         frame = _frame(rows)
@@ -597,6 +628,8 @@ class VerlJsonl(Format):
 
 class LogHistory(Format):
     name = "log_history"
+    rank = 70
+    suffixes = frozenset({".json"})
     description = "a JSON list of log_history-style metric dicts"
 
     def sniff(self, head: Head) -> bool:
@@ -604,13 +637,15 @@ class LogHistory(Format):
             return head.text[:1] == "[" and head.text[1:].lstrip()[:1] in ("{", "]")
         return head.doc_records is not None and head.stripped.startswith("[")
 
-    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+    def read_one(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
         full = _full(path, head)
         return _read_records(full.records or [], full.stripped)
 
 
 class Jsonl(Format):
     name = "jsonl"
+    rank = 80
+    suffixes = frozenset({".jsonl"})
     description = "a JSONL table with canonical column names"
     appendable = True
 
@@ -619,7 +654,7 @@ class Jsonl(Format):
             return head.text[:1] == "{" and isinstance(head.first_record, dict)
         return head.records is not None
 
-    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+    def read_one(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
         full = _full(path, head)
         return _read_records(full.records or [], full.stripped)
 
@@ -652,6 +687,8 @@ def _console_json_rows(text: str, limit: int | None = None) -> list[dict[str, An
 
 class ConsoleJson(Format):
     name = "console_json"
+    rank = 110
+    maybe_suffixes = CONSOLE_SUFFIXES
     description = (
         'a console log whose lines end in JSON metrics records (ROLL: metrics_tag: {"step": '
         '12, "metrics": {...}})'
@@ -662,12 +699,14 @@ class ConsoleJson(Format):
         text = head.text
         return '{"step"' in text and bool(_console_json_rows(text, limit=1))
 
-    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+    def read_one(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
         return _frame(_console_json_rows(_full(path, head).text)), "logged"
 
 
 class VerlConsole(Format):
     name = "verl_console"
+    rank = 120
+    maybe_suffixes = CONSOLE_SUFFIXES
     description = "a verl console log (step:N - actor/grad_norm:... lines)"
     appendable = True
 
@@ -675,12 +714,14 @@ class VerlConsole(Format):
         text = head.text
         return "step:" in text and _VERL_LINE_RE.search(_ANSI_RE.sub("", text)) is not None
 
-    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+    def read_one(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
         return _frame(parse_verl_console(_full(path, head).text)), "logged"
 
 
 class TrlConsole(Format):
     name = "trl_console"
+    rank = 130
+    maybe_suffixes = CONSOLE_SUFFIXES
     description = (
         "a console log or terminal capture with printed metric dicts (TRL, OpenRLHF, slime, SkyRL)"
     )
@@ -692,15 +733,18 @@ class TrlConsole(Format):
     def text(self, head: Head) -> str:
         return head.text
 
-    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+    def read_one(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
         return _read_printed(self.text(_full(path, head)))
 
-    def read_runs(self, path: Path, head: Head | None = None) -> list[tuple[pd.DataFrame, str]]:
-        return _read_printed_runs(self.text(_full(path, head)))
+    def load_runs(self, path: Path, head: Head | None = None) -> list[Run]:
+        runs = _read_printed_runs(self.text(_full(path, head)))
+        return [(str(i), frame, source) for i, (frame, source) in enumerate(runs, start=1)]
 
 
 class PlainConsole(Format):
     name = "plain_console"
+    rank = 140
+    maybe_suffixes = CONSOLE_SUFFIXES
     description = (
         "a plain training-loop log (step 10 | loss 0.12 | reward 0.45 | acc 0.40 lines, "
         "printed reward tensors)"
@@ -710,7 +754,7 @@ class PlainConsole(Format):
     def sniff(self, head: Head) -> bool:
         return sniff_plain(head.text)
 
-    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+    def read_one(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
         text = _full(path, head).text
         rows = parse_plain(text)
         if not rows:  # (no step printed: one row per iteration)
@@ -726,11 +770,25 @@ class PlainConsole(Format):
 
 class WandbCsv(Format):
     name = "wandb_csv"
+    rank = 90
+    suffixes = frozenset({".csv"})
+    maybe_suffixes = frozenset({".tsv"})
     description = "a W&B history export (CSV with _step, train/reward, ...)"
 
     def sniff(self, head: Head) -> bool:
         fields = _csv_fields(head)
         return fields is not None and _csv_kind(fields) == self.name
+
+    def runs(self, path: Path, head: Head | None = None) -> list[str]:
+        """The run names of a panel export of several runs (from the header line), else
+        ["1"]."""
+        first = head.first_line if head is not None else Head(path, complete=False).first_line
+        names = panel_runs(_csv_header(first) or [])
+        return names if len(names) > 1 else ["1"]
+
+    def load_runs(self, path: Path, head: Head | None = None) -> list[Run]:
+        full = _full(path, head)
+        return [(name, *self.read(path, full, run=name)) for name in self.runs(path, full)]
 
     def read(
         self, path: Path, head: Head | None = None, run: str | None = None
@@ -744,6 +802,8 @@ class WandbCsv(Format):
         names = panel_runs(table.columns)
         notes: list[str] = list(table.attrs.get("import_notes", []))
         chosen = None
+        if run == "1" and len(names) < 2:
+            run = None  # (the one run of a history export)
         if run is not None:
             if run not in names:
                 listed = ", ".join(names) if names else "none (one run, no '<run> - ' columns)"
@@ -787,20 +847,24 @@ def panel_runs(columns: Any) -> list[str]:
 
 class Csv(Format):
     name = "csv"
+    rank = 100
+    suffixes = frozenset({".csv"})
+    maybe_suffixes = frozenset({".tsv"})
     description = "a CSV table with canonical column names"
 
     def sniff(self, head: Head) -> bool:
         fields = _csv_fields(head)
         return fields is not None and _csv_kind(fields) == self.name
 
-    def read(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
+    def read_one(self, path: Path, head: Head | None = None) -> tuple[pd.DataFrame, str]:
         table = _csv_table(_full(path, head))
         if table is None:
             raise ImportFormatError(f"{path}: not a CSV table with a known metric")
         return table, _step_source(table)
 
 
-#: Every format, in the order of ``FORMATS`` (register a new one here and in ``_SNIFF_ORDER``).
+#: Every format, in the order of ``FORMATS``: register a new one here (its class declares
+#: its rank in detection, its suffixes and its runs: ``base.Format``).
 REGISTRY: tuple[Format, ...] = (
     LldRun(),
     TensorBoard(),
@@ -819,23 +883,17 @@ REGISTRY: tuple[Format, ...] = (
     Csv(),
 )
 _BY_NAME: dict[str, Format] = {f.name: f for f in REGISTRY}
-#: The order ``detect`` sniffs a file in (the first format that says yes reads it): the binary
-#: formats, the JSON ones (most specific first), CSV, the console logs last.
-_SNIFF_ORDER: tuple[str, ...] = (
-    "wandb_run",
-    "tensorboard",
-    "parquet",
-    "trl_trainer_state",
-    "notebook_log",
-    "verl_jsonl",
-    "log_history",
-    "jsonl",
-    "wandb_csv",
-    "csv",
-    "console_json",
-    "verl_console",
-    "trl_console",
-    "plain_console",
+#: The order ``detect`` sniffs a file in: each format's ``rank`` (the binary formats, the JSON
+#: ones, most specific first, CSV, the console logs last).
+_SNIFFED: tuple[Format, ...] = tuple(
+    sorted((f for f in REGISTRY if f.rank is not None), key=lambda f: f.rank or 0)
+)
+#: Suffixes of loose files taken for runs (listed even when they do not read), and those taken
+#: only when their content is a known format (a console log, a markdown capture, a TSV): the
+#: formats' own declarations.
+LOG_SUFFIXES: frozenset[str] = frozenset().union(*(f.suffixes for f in REGISTRY))
+MAYBE_LOG_SUFFIXES: frozenset[str] = (
+    frozenset().union(*(f.maybe_suffixes for f in REGISTRY)) - LOG_SUFFIXES
 )
 
 #: format name -> what it is (the names ``detect_format`` returns).
@@ -864,9 +922,9 @@ def detect(path: Path, *, complete: bool = True) -> tuple[Format, Head | None]:
     if path.is_dir():
         return _detect_folder(path)
     head = Head(path, complete=complete)
-    for name in _SNIFF_ORDER:
-        if _BY_NAME[name].sniff(head):
-            return _BY_NAME[name], head
+    for fmt in _SNIFFED:
+        if fmt.sniff(head):
+            return fmt, head
     where = "" if complete else " (from its first MiB)"
     try:
         hint = framework_hint(head.text)

@@ -9,27 +9,33 @@ module picks the run, splits off the evaluation rows (``parts.split_eval``) and 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 
 from lld_monitor import columns as C
-from lld_monitor.importers.base import SNIFF_BYTES, Format, Head, ImportFormatError, _one_line
+from lld_monitor.importers.base import (
+    SNIFF_BYTES,
+    Format,
+    Head,
+    ImportFormatError,
+    Run,
+    _one_line,
+    pick_run,
+)
 from lld_monitor.importers.formats import (
     _TB_NAME,
-    NotebookLog,
-    WandbCsv,
-    _csv_header,
     _is_run_dir,
     checkpoint_states,
     detect,
-    panel_runs,
 )
 from lld_monitor.importers.names import FOREIGN_NAMES, authors_note
-from lld_monitor.importers.parts import describe_runs, split_eval
+from lld_monitor.importers.parts import split_eval
 from lld_monitor.importers.table import canonicalize
 from lld_monitor.importers.wandb_run import is_wandb_run_dir
 
@@ -180,31 +186,56 @@ def _read_raw(path: Path, run: str | None) -> tuple[Format, pd.DataFrame, str]:
     cached = _cached_runs(path)
     if cached is not None:  # (listed before: neither detected nor parsed again)
         fmt, runs = cached
-        return fmt, *_pick_run(path, runs, run)
+        return fmt, *pick_run(path, fmt, runs, run)
     fmt, head = detect(path)
-    if run is not None and not isinstance(fmt, (NotebookLog, WandbCsv)) and not fmt.appendable:
-        raise ImportFormatError(
-            f"{path}: --run picks one training table of a notebook, one run of a W&B export, "
-            f"or one of the runs appended to a log; this file is {fmt.description}, one run"
-        )
-    try:
-        if isinstance(fmt, (NotebookLog, WandbCsv)):
-            frame, step_source = fmt.read(path, head, run=run)
-        elif fmt.appendable:
-            frame, step_source = _pick_run(path, _runs_of(path, fmt, head), run)
+    with _read_errors(path, fmt):
+        if fmt.appendable:  # (its runs are kept: listing them and reading one parse once)
+            frame, step_source = pick_run(path, fmt, _runs_of(path, fmt, head), run)
         else:
-            frame, step_source = fmt.read(path, head)
+            frame, step_source = fmt.read(path, head, run=run)
+    return fmt, frame, step_source
+
+
+@contextlib.contextmanager
+def _read_errors(path: Path, fmt: Format) -> Iterator[None]:
+    """A reader's failure as one ImportFormatError naming the format it looked like."""
+    try:
+        yield
     except ImportFormatError:
         raise
     except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
         raise ImportFormatError(
             f"{path}: looked like {fmt.description} but could not be read ({_one_line(exc)})"
         ) from exc
-    return fmt, frame, step_source
+
+
+def load_runs(path: str | Path) -> list[tuple[str, pd.DataFrame]]:
+    """Every run a file holds, ``(name, table)``, each table as ``load_table(path, run=name)``
+    gives it (one run: its name and ``load_table(path)``): the file is detected and parsed
+    once, whatever its size (``load_table`` of each run parses a file above the runs cache's
+    size again). The triage reads a file of several runs through it."""
+    path = Path(path)
+    fmt, head = detect(path)
+    with _read_errors(path, fmt):
+        if fmt.appendable:
+            cached = _cached_runs(path)
+            runs = cached[1] if cached is not None else _runs_of(path, fmt, head)
+            one = len(runs) == 1
+            raws = [(n, *pick_run(path, fmt, runs, None if one else n)) for n, _, _ in runs]
+        else:
+            names = fmt.runs(path, head)
+            one = len(names) == 1
+            raws = [(n, *fmt.read(path, head, run=None if one else n)) for n in names]
+    return [(name, _finish(path, fmt, frame, source)) for name, frame, source in raws]
 
 
 def _load_table(path: Path, run: str | None) -> pd.DataFrame:
-    fmt, frame, step_source = _read_raw(path, run)
+    return _finish(path, *_read_raw(path, run))
+
+
+def _finish(path: Path, fmt: Format, frame: pd.DataFrame, step_source: str) -> pd.DataFrame:
+    """A raw run table as ``load_table`` returns it: evaluation rows apart, canonical columns,
+    the attrs that say where it came from."""
     frame, evals = split_eval(frame)
     df, unmapped = canonicalize(frame)
     if df.empty and evals is not None and len(evals):
@@ -261,14 +292,12 @@ def load_eval_table(path: str | Path, *, run: str | None = None) -> pd.DataFrame
 
 #: ``_file_key`` -> (format, runs) of an appendable log, for the last few read: listing a file's
 #: runs and reading one of them detect and parse it once.
-_RUNS_CACHE: dict[
-    tuple[str, str | None, int, int, int], tuple[Format, list[tuple[pd.DataFrame, str]]]
-] = {}
+_RUNS_CACHE: dict[tuple[str, str | None, int, int, int], tuple[Format, list[Run]]] = {}
 _RUNS_CACHE_SIZE = 4
 _RUNS_CACHE_MAX_BYTES = 64 << 20
 
 
-def _cached_runs(path: Path) -> tuple[Format, list[tuple[pd.DataFrame, str]]] | None:
+def _cached_runs(path: Path) -> tuple[Format, list[Run]] | None:
     """(format, runs) of an appendable log read before and unchanged since, else None."""
     key = _file_key(path, None, _RUNS_CACHE_MAX_BYTES)
     if key is None:
@@ -277,9 +306,9 @@ def _cached_runs(path: Path) -> tuple[Format, list[tuple[pd.DataFrame, str]]] | 
         return _RUNS_CACHE.get(key)
 
 
-def _runs_of(path: Path, fmt: Format, head: Head | None) -> list[tuple[pd.DataFrame, str]]:
-    """The runs of an appendable log (``fmt.read_runs``), kept for the next reader."""
-    runs = fmt.read_runs(path, head)
+def _runs_of(path: Path, fmt: Format, head: Head | None) -> list[Run]:
+    """The runs of an appendable log (``fmt.load_runs``), kept for the next reader."""
+    runs = fmt.load_runs(path, head)
     key = _file_key(path, None, _RUNS_CACHE_MAX_BYTES)
     if key is not None:
         with _TABLES_LOCK:  # (the dashboard's sessions read logs from threads of their own)
@@ -287,37 +316,6 @@ def _runs_of(path: Path, fmt: Format, head: Head | None) -> list[tuple[pd.DataFr
                 _RUNS_CACHE.pop(next(iter(_RUNS_CACHE)))
             _RUNS_CACHE[key] = (fmt, runs)
     return runs
-
-
-def _pick_run(
-    path: Path, runs: list[tuple[pd.DataFrame, str]], run: str | None
-) -> tuple[pd.DataFrame, str]:
-    """One run of a log that holds ``runs``: ``run`` (its number, 1 = the first in the file),
-    else the latest; a note says which and names the others."""
-    if len(runs) == 1 and run in (None, "1"):
-        return runs[0]
-    labels = describe_runs([f for f, _ in runs])
-    if run is None:
-        index = len(runs) - 1
-    else:
-        text = str(run).strip()
-        if not text.isdigit() or not 1 <= int(text) <= len(runs):
-            raise ImportFormatError(
-                f"{path}: --run {run!r}: this log holds {len(runs)} run(s): " + "; ".join(labels)
-            )
-        index = int(text) - 1
-    frame, source = runs[index]
-    frame = frame.copy(deep=False)
-    frame.attrs = dict(runs[index][0].attrs)
-    others = [lab for i, lab in enumerate(labels) if i != index]
-    how = "as asked" if run is not None else "the latest"
-    frame.attrs["import_notes"] = [
-        *frame.attrs.get("import_notes", []),
-        f"a log of {len(runs)} runs appended one after another (the step counter restarts): "
-        f"read {labels[index]}, {how}; also there: {'; '.join(others)} (pick one with --run N; "
-        "analysing the file lists them all)",
-    ]
-    return frame, source
 
 
 #: ``step_source`` -> how the steps were found, for tables (console logs say more).
@@ -330,25 +328,23 @@ _STEP_NOTES = {
 def runs_in_file(path: Path) -> list[str]:
     """The runs a single file holds when it holds several, else []: a W&B panel export's run
     names (from the header line alone), or "1", "2", ... for the runs appended to a log whose
-    step counter restarts (the log is parsed once: ``load_table`` of one of its runs reuses it)."""
+    step counter restarts (the log is parsed once: ``load_table`` of one of its runs reuses it).
+    Each format says (``Format.runs``)."""
     try:
         fmt, head = detect(path, complete=False)
     except ImportFormatError:
         return []
     if head is None:
         return []
-    if isinstance(fmt, WandbCsv):
-        names = panel_runs(_csv_header(head.first_line) or [])
-        return names if len(names) > 1 else []
     try:
-        if not fmt.appendable and path.stat().st_size > SNIFF_BYTES:
-            return []
-        cached = _cached_runs(path)
-        if cached is not None:
-            runs = cached[1]
+        if not fmt.appendable:
+            names = fmt.runs(path, head)  # (from what the head says)
         else:
-            fmt, head = detect(path)  # (as load_table detects it: the whole file)
-            runs = _runs_of(path, fmt, head) if fmt.appendable else []
-    except (OSError, ValueError, KeyError, TypeError):
+            cached = _cached_runs(path)
+            if cached is None:
+                fmt, head = detect(path)  # (as load_table detects it: the whole file)
+                cached = (fmt, _runs_of(path, fmt, head) if fmt.appendable else [])
+            names = [name for name, _, _ in cached[1]]
+    except (OSError, ValueError, KeyError, TypeError, ImportFormatError):
         return []
-    return [str(i) for i in range(1, len(runs) + 1)] if len(runs) > 1 else []
+    return names if len(names) > 1 else []

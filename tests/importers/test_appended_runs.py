@@ -141,7 +141,9 @@ def test_run_is_refused_on_a_one_run_format(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("step,reward_mean\n1,0.5\n2,0.6\n")
     with pytest.raises(ImportFormatError, match="one run"):
-        load_table(path, run="1")
+        load_table(path, run="2")
+    # its one run is "1" (Format.runs): --run 1 reads it
+    assert load_table(path, run="1")["reward_mean"].tolist() == [0.5, 0.6]
 
 
 def _trl_run(tmp: Path, capfd, max_steps: int, seed: int, **config):

@@ -173,7 +173,7 @@ def test_bad_notebooks_get_clear_errors(tmp_path, log_history) -> None:
     csv = tmp_path / "run.csv"
     csv.write_text("step,reward_mean\n1,0.1\n2,0.2\n")
     with pytest.raises(ImportFormatError, match="--run picks one training table"):
-        load_table(csv, run="1")
+        load_table(csv, run="2")
 
 
 def test_printed_dict_notebooks_keep_working(tmp_path) -> None:
