@@ -22,6 +22,11 @@ class LevelShiftConfig:
     # crosses the threshold (about 3000 / p rows per false alarm), without / with corroboration
     p_false_run: float = 0.002
     p_false_run_corroborated: float = 0.05
+    # ... at a row among the run's first GLR_SHORT_ROWS (64): the probability that a run of 64
+    # rows of such noise crosses (a short run is judged on its own horizon: most published runs
+    # log 20-60 rows), without / with corroboration
+    p_false_short_run: float = 0.005
+    p_false_short_run_corroborated: float = 0.05
     floor_frac: float = (
         0.35  # collapsed: the level since the change <= floor + this x (held - floor)
     )
@@ -31,6 +36,9 @@ class LevelShiftConfig:
     start_frac: float = 0.3
     below_start_frac: float = 0.25  # ... or, having learned this share, at or below its start
     floor_sd: float = 2.0  # ... by the mean since the change plus this many of its standard errors
+    # ... this many at a row among the run's first GLR_SHORT_ROWS (a short run has few rows
+    # after its fall: 2 standard errors of 6 noisy rows are a wide margin)
+    floor_sd_short: float = 0.5
     min_drop: float = 0.05  # ... and at least this far below the held level (reward units)
     start_rows: int = 3  # the run's starting level: the mean of its first rows
     noise_rows: int = 128  # consecutive differences behind the row noise
@@ -63,6 +71,8 @@ class LevelShiftConfig:
         for name in (
             "p_false_run",
             "p_false_run_corroborated",
+            "p_false_short_run",
+            "p_false_short_run_corroborated",
             "floor_frac",
             "learned_frac",
             "start_frac",
@@ -71,6 +81,11 @@ class LevelShiftConfig:
         ):
             if not getattr(self, name) < 1.0:
                 raise ValueError(f"LevelShiftConfig.{name} must be below 1")
+        if self.p_false_short_run_corroborated < self.p_false_short_run:
+            raise ValueError(
+                "LevelShiftConfig.p_false_short_run_corroborated must be at least "
+                "p_false_short_run (corroboration lowers the threshold, never raises it)"
+            )
         if self.p_false_run_corroborated < self.p_false_run:
             raise ValueError(
                 "LevelShiftConfig.p_false_run_corroborated must be at least p_false_run "

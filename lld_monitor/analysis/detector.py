@@ -178,12 +178,14 @@ class PhaseDetector:
     def begin_replay(self, columns: Mapping[str, Any], skip: Collection[int] = ()) -> None:
         """A whole table follows, every row reaching the checks (steps strictly increasing),
         into this fresh detector: each check but those at the indices ``skip`` may precompute
-        from ``columns`` (input column -> [n] float array; ``Check.begin_replay``)."""
+        from ``columns`` (input column -> [n] float array; ``Check.begin_replay``) and learns
+        the run's horizon (``Check.horizon``: a short run is judged as one)."""
         if not self.fresh:
             raise ValueError("begin_replay needs a fresh detector (it indexes rows from the first)")
         for i, c in enumerate(self.checks):
             if i not in skip:
                 c.begin_replay(columns)
+                c.horizon(columns)
 
     def end_replay(self) -> None:
         """The replay is over: every check drops what ``begin_replay`` kept."""

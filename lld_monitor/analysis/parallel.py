@@ -178,6 +178,7 @@ def replay_parallel(
             if columns is not None:
                 for c in originals:
                     c.begin_replay(columns)
+                    c.horizon(columns)
             _child(writer, originals, arrays, steps, warm_rows(steps, det.config), n)
             code = 0
         finally:

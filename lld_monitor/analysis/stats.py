@@ -38,6 +38,9 @@ import numpy as np
 GLR_LENGTHS: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 #: The least rows of the pre-change segment behind a test.
 GLR_MIN_REF = 8
+#: ... in a short run (``GLR_SHORT_ROWS``): a run that falls from its first rows and stays down
+#: (a setup failure: a broken weight sync) is compared with its first 3 rows.
+GLR_SHORT_MIN_REF = 3
 #: The most rows of the pre-change segment.
 GLR_MAX_REF = 256
 #: Rows per simulated run in the calibration table.
@@ -56,6 +59,33 @@ GLR_CALIBRATION: tuple[tuple[float, float], ...] = (
     (5.5, 0.00108),
     (6.0, 0.00013),
     (6.5, 0.00003),
+)
+
+#: Short runs: a test at one of a run's first ``GLR_SHORT_ROWS`` rows is held to the threshold
+#: at which a run of that many rows crosses with the stated probability, not one of
+#: ``GLR_CAL_ROWS`` rows (most published runs log 20-60 rows: a 3000-row threshold leaves a
+#: short run's collapse unflagged). The run-level false-alarm rate is the same; a long run pays
+#: for its first rows' lower threshold with them alone.
+GLR_SHORT_ROWS = 64
+#: (threshold c, probability that a run of GLR_SHORT_ROWS rows of white Gaussian noise crosses
+#: it), from ``scripts/calibrate_level_shift.py --rows 64 --online --min-ref 3 --runs 20000
+#: --seed 0`` (251 s): at every row the noise is estimated from the rows so far, as the check
+#: does online, and a test may reach back to ``GLR_SHORT_MIN_REF`` rows; both make a short run's
+#: tail heavier (c = 5.5 for about one run in 770, against 5.35 for one 3000-row run in 500
+#: with the noise estimated on the whole run).
+GLR_SHORT_CALIBRATION: tuple[tuple[float, float], ...] = (
+    (3.0, 0.15790),
+    (3.25, 0.09810),
+    (3.5, 0.06365),
+    (3.75, 0.04030),
+    (4.0, 0.02425),
+    (4.25, 0.01470),
+    (4.5, 0.00905),
+    (4.75, 0.00555),
+    (5.0, 0.00360),
+    (5.5, 0.00130),
+    (6.0, 0.00055),
+    (6.5, 0.00035),
 )
 
 _MAD_TO_SD_DIFF = 0.9539  # median |d| of d = e1 - e2, e ~ N(0, s^2): 0.6745 * sqrt(2) * s
@@ -515,12 +545,13 @@ def glr_ref_rows(length: int) -> int:
     return min(max(4 * length, 16), GLR_MAX_REF)
 
 
-def glr_threshold(p_run: float) -> float:
-    """The threshold c at which a run of ``GLR_CAL_ROWS`` rows of noise crosses with
-    probability ``p_run`` (interpolated in the calibration table)."""
+def glr_threshold(p_run: float, *, short: bool = False) -> float:
+    """The threshold c at which a run of ``GLR_CAL_ROWS`` rows of noise (``short``: of
+    ``GLR_SHORT_ROWS`` rows) crosses with probability ``p_run`` (interpolated in the
+    calibration table)."""
     if not 0.0 < p_run < 1.0:
         raise ValueError(f"p_run must be in (0, 1), got {p_run!r}")
-    cal = GLR_CALIBRATION
+    cal = GLR_SHORT_CALIBRATION if short else GLR_CALIBRATION
     lp = math.log(p_run)
     for (c0, p0), (c1, p1) in itertools.pairwise(cal):
         if p_run >= p1:
@@ -530,16 +561,23 @@ def glr_threshold(p_run: float) -> float:
     return c1 + (lp - math.log(p1)) / (math.log(p1) - math.log(p0)) * (c1 - c0)
 
 
-def glr_rows_per_false_alarm(c: float) -> float:
+def glr_rows_per_false_alarm(c: float, *, short: bool = False) -> float:
     """About how many rows of noise pass per false crossing of threshold ``c``
-    (``GLR_CAL_ROWS`` / the probability that a run of that length crosses)."""
-    cal = GLR_CALIBRATION
+    (``GLR_CAL_ROWS`` / the probability that a run of that length crosses; ``short``: of
+    ``GLR_SHORT_ROWS`` rows, in the short-run table)."""
+    return glr_run_rate(c, short=short) ** -1 * (GLR_SHORT_ROWS if short else GLR_CAL_ROWS)
+
+
+def glr_run_rate(c: float, *, short: bool = False) -> float:
+    """The probability that a run of ``GLR_CAL_ROWS`` (``short``: ``GLR_SHORT_ROWS``) rows of
+    noise crosses threshold ``c`` (interpolated in the calibration table)."""
+    cal = GLR_SHORT_CALIBRATION if short else GLR_CALIBRATION
     for (c0, p0), (c1, p1) in itertools.pairwise(cal):
         if c <= c1 or (c1, p1) == cal[-1]:
             f = (c - c0) / (c1 - c0)
             lp = math.log(p0) + f * (math.log(p1) - math.log(p0))
-            return GLR_CAL_ROWS / min(math.exp(lp), 1.0)
-    return math.inf  # (unreachable: the loop ends at the table's last pair)
+            return min(math.exp(lp), 1.0)
+    return 0.0  # (unreachable: the loop ends at the table's last pair)
 
 
 class LevelDrop:
@@ -559,9 +597,10 @@ class LevelDrop:
     Both paths form every mean from the same running sums in the same order: they agree
     exactly, row for row (``tests/analysis/test_stats.py``)."""
 
-    __slots__ = ("cum", "keep", "steps", "tests", "total")
+    __slots__ = ("cum", "keep", "min_ref", "steps", "tests", "total")
 
-    def __init__(self, lengths: Sequence[int] = GLR_LENGTHS) -> None:
+    def __init__(self, lengths: Sequence[int] = GLR_LENGTHS, min_ref: int = GLR_MIN_REF) -> None:
+        self.min_ref = min_ref  # the least rows before the post-change rows behind a test
         #: (post-change rows, rows before), shortest first
         self.tests = tuple((int(n), glr_ref_rows(int(n))) for n in sorted(lengths))
         self.keep = max(n + r for n, r in self.tests)  # rows the longest test reaches back
@@ -593,7 +632,7 @@ class LevelDrop:
         for length, r in self.tests:
             if r > avail - length:
                 r = avail - length
-                if r < GLR_MIN_REF:
+                if r < self.min_ref:
                     return
             mid = cum[-1 - length]
             yield length, r, mid, (mid - cum[-1 - length - r]) / r, (top - mid) / length
@@ -642,7 +681,7 @@ class LevelDrop:
                 continue
             rows = np.arange(lo + 1, b + 1)  # [k]
             r = rows - length
-            ok = r >= GLR_MIN_REF
+            ok = r >= self.min_ref
             if not ok.any():
                 continue
             i, rr = rows[ok], r[ok]
@@ -702,13 +741,16 @@ class LevelDrop:
 
 
 def glr_scan(
-    x: Sequence[float] | np.ndarray, sigma: float, lengths: Sequence[int] = GLR_LENGTHS
+    x: Sequence[float] | np.ndarray,
+    sigma: float,
+    lengths: Sequence[int] = GLR_LENGTHS,
+    min_ref: int = GLR_MIN_REF,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The change-in-level statistic of a whole series at once (``LevelDrop.scan``): for every
     row, max over the post-change lengths L of z(n, L) and the L that gave it; NaN / 0 where no
     length has ``GLR_MIN_REF`` rows before it. ``x``: [n] values; ``sigma``: the sd of one
-    value. Returns ([n] z, [n] L)."""
-    return LevelDrop(lengths).scan(x, sigma)
+    value; ``min_ref``: the least rows before a test's post-change rows. Returns ([n] z, [n] L)."""
+    return LevelDrop(lengths, min_ref).scan(x, sigma)
 
 
 # --- Student t tail ---------------------------------------------------------------------------

@@ -253,16 +253,25 @@ def warmup_note(analysis: Any, df: pd.DataFrame) -> str | None:
     )
     rule = f"{cfg.warmup_steps} steps and {cfg.warmup_rows} rows"
     seg = phases[0]
+    # the reward's collapse test is not held back by the warm-up: it says so, with its reach
+    from lld_monitor.analysis.stats import GLR_MIN_REF
+
+    judged = (
+        f"the reward's collapse test judged every row from the {GLR_MIN_REF + 1}th (a level "
+        "change needs 8 row differences for the run's own noise)"
+    )
     if first >= len(steps):
         return (
             f"this run ({len(df)} rows, steps {steps[0]}-{steps[-1]}) is shorter than the "
-            f"detector's warm-up ({rule}): 'unknown' means too little history, not a problem"
+            f"trend detector's warm-up ({rule}): the LLD phases (stagnation, decay) would take "
+            f"logp_correct over steps {steps[0]}-{steps[0] + cfg.warmup_steps + cfg.window_steps}"
+            f"; {judged}"
         )
     end = int(steps[first])  # the first step the detector judges
     if seg.end_step <= end + cfg.window_steps:
         return (
-            f"'unknown' at steps {seg.start_step}-{seg.end_step} is the detector's warm-up "
-            f"({rule}, then a {cfg.window_steps}-step trend window)"
+            f"'unknown' at steps {seg.start_step}-{seg.end_step} is the trend detector's "
+            f"warm-up ({rule}, then a {cfg.window_steps}-step trend window); {judged}"
         )
     return (
         f"steps {seg.start_step}-{end} are the detector's warm-up ({rule}); 'unknown' after "

@@ -282,7 +282,12 @@ def test_json_and_text_say_the_step_source_and_the_warmup_of_a_short_run(tmp_pat
     assert warm and "20 rows, steps 1-20" in warm[0] and "shorter than" in warm[0]
     assert main(["analyze", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "note: this run (20 rows, steps 1-20) is shorter than the detector's warm-up" in out
+    assert (
+        "note: this run (20 rows, steps 1-20) is shorter than the trend detector's warm-up" in out
+    )
+    # what it would take, and that the collapse test was not held back
+    assert "would take logp_correct over steps 1-61" in out
+    assert "collapse test judged every row from the 9th" in out
     assert "(logged: step from the log's own step column)" in out
 
 

@@ -73,6 +73,13 @@ class Check:
     def begin_replay(self, columns: Mapping[str, Any]) -> None:
         """A whole table follows, from this fresh state (see the module docstring)."""
 
+    def horizon(self, columns: Mapping[str, Any]) -> None:
+        """The whole table this run is (known in a replay: ``columns``, as ``begin_replay``
+        gets them), from this fresh state: a check may judge the run on its length (the
+        level-shift test holds a run of at most ``stats.GLR_SHORT_ROWS`` rewards to a short
+        run's threshold). Unlike ``begin_replay``, this may change answers; a live run has no
+        horizon."""
+
     def end_replay(self) -> None:
         """Drop what ``begin_replay`` kept."""
 

@@ -57,11 +57,15 @@ from lld_monitor import columns as C
 from lld_monitor.analysis.checks.base import NO_ALERTS, Check
 from lld_monitor.analysis.config import DetectorConfig, LevelShiftConfig, ModeCollapseConfig
 from lld_monitor.analysis.stats import (
+    GLR_CAL_ROWS,
     GLR_MIN_REF,
+    GLR_SHORT_MIN_REF,
+    GLR_SHORT_ROWS,
     BlockNoise,
     LevelDrop,
     WindowStats,
     glr_rows_per_false_alarm,
+    glr_run_rate,
     glr_threshold,
     trimmed_sd,
 )
@@ -125,6 +129,11 @@ class LevelShiftCollapse(Check):
         self.shift = config.level_shift
         self.threshold = glr_threshold(self.shift.p_false_run)
         self.threshold_corroborated = glr_threshold(self.shift.p_false_run_corroborated)
+        # a row among the run's first GLR_SHORT_ROWS: the thresholds of a run that long
+        self.threshold_short = glr_threshold(self.shift.p_false_short_run, short=True)
+        self.threshold_short_corroborated = glr_threshold(
+            self.shift.p_false_short_run_corroborated, short=True
+        )
         super().__init__(config)
 
     def reset(self) -> None:
@@ -133,6 +142,9 @@ class LevelShiftCollapse(Check):
         self.rank = 0
         self.pending: Alert | None = None
         self._rows = 0  # rows with a finite reward
+        # a short run, known to be one (a replay of a whole table of at most GLR_SHORT_ROWS
+        # rewards): its rows are held to the short run's threshold and floor margin
+        self._short = False
         self._start_sum = 0.0
         self._last = _NAN  # last reward
         # the change-in-level statistic over the last rewards (their running sums and steps)
@@ -241,6 +253,19 @@ class LevelShiftCollapse(Check):
             return
         finite = np.isfinite(rw)
         self.set_bound(self.bounds(rw if finite.all() else rw[finite]))
+
+    def horizon(self, columns: Mapping[str, Any]) -> None:
+        """A run of at most ``GLR_SHORT_ROWS`` finite rewards, whole (a replay of its table):
+        its rows are held to a short run's threshold (``p_false_short_run``: the rate at which
+        a run that long of noise crosses) and floor margin (``floor_sd_short``)."""
+        rw = columns.get(C.REWARD_MEAN)
+        if rw is not None and not self._rows:
+            self._short = int(np.isfinite(rw).sum()) <= GLR_SHORT_ROWS
+        if self._short:
+            # a run that falls from its first rows is compared with them (GLR_SHORT_MIN_REF);
+            # the replay's bound was taken with the long run's tests: not used (64 rows at most)
+            self._level = LevelDrop(min_ref=GLR_SHORT_MIN_REF)
+            self._bound = None
 
     def end_replay(self) -> None:
         self._bound = None
@@ -352,7 +377,12 @@ class LevelShiftCollapse(Check):
         sd_row = self.noise_sd()
         if sd_row != sd_row:
             return None
-        c = self.threshold_corroborated if corro else self.threshold
+        if self._short and self._rows <= GLR_SHORT_ROWS:
+            c = self.threshold_short_corroborated if corro else self.threshold_short
+            floor_sd = cfg.floor_sd_short
+        else:
+            c = self.threshold_corroborated if corro else self.threshold
+            floor_sd = cfg.floor_sd
         bound = self._bound
         if bound is not None and bound[self._rows - 1] < c * sd_row * (1.0 - 1e-6):
             return None  # no length can reach z >= c (the replay's bound; see set_bound)
@@ -378,7 +408,7 @@ class LevelShiftCollapse(Check):
             if ref > held:
                 held, m = ref, r
             line, basis = self._line(held, floor, sd)
-            if post + cfg.floor_sd * sd / math.sqrt(length) > line:
+            if post + floor_sd * sd / math.sqrt(length) > line:
                 continue
             best = (z, length, r, ref, post, sd, line, basis, held, m)
         if best is None:
@@ -445,7 +475,15 @@ class LevelShiftCollapse(Check):
         cfg = self.shift
         floor, start = self.floor, self.start_level
         change_step = self._level.steps[-length]
-        per_fa = glr_rows_per_false_alarm(c)
+        short = self._short and self._rows <= GLR_SHORT_ROWS
+        per_fa = glr_rows_per_false_alarm(c, short=short)
+        rate = (
+            f"about one run in {1.0 / glr_run_rate(c, short=True):,.0f} of {GLR_SHORT_ROWS} rows "
+            f"of noise like this run's crosses it (the run's first {GLR_SHORT_ROWS} rows are held "
+            "to the threshold of a run that short)"
+            if short
+            else f"about one false alarm per {per_fa:,.0f} rows of noise like this run's"
+        )
         msg = (
             f"Phase III (collapse) at step {step}: the reward fell from {held:.3g} (mean of the "
             f"{m} rows before step {change_step:.0f}, where the fall began"
@@ -460,9 +498,8 @@ class LevelShiftCollapse(Check):
                 if basis == "start_gain"
                 else f"back at or below the level the run started from, {start:.3g}; "
             )
-            + f"change-in-level statistic z = {z:.1f} against a threshold of {c:.2f}: about one "
-            f"false alarm per {per_fa:,.0f} rows of noise like this run's (noise sd {sd:.3g} "
-            "per row, estimated from the run)"
+            + f"change-in-level statistic z = {z:.1f} against a threshold of {c:.2f}: {rate} "
+            f"(noise sd {sd:.3g} per row, estimated from the run)"
         )
         msg += "; corroborated by " + "; ".join(corro) if corro else "; no corroborating signal"
         msg += " (seen in standard metrics: a level shift, not specific to LLD)"
@@ -472,6 +509,8 @@ class LevelShiftCollapse(Check):
             "z": _enc(z),
             "threshold": _enc(c),
             "rows_per_false_alarm": _enc(per_fa),
+            "threshold_for_rows": GLR_SHORT_ROWS if short else GLR_CAL_ROWS,
+            "p_false_run": _enc(glr_run_rate(c, short=short)),
             "reward_held": _enc(held),
             "reward_reference": _enc(ref),
             "reward_recent": _enc(recent),
@@ -514,6 +553,7 @@ class LevelShiftCollapse(Check):
             "fired": self._fired,
             "fallen": self._fallen,
             "rearm_line": _enc(self._rearm_line),
+            "short": self._short,
         }
 
     def load_state_dict(self, d: Mapping[str, Any]) -> None:
@@ -521,6 +561,9 @@ class LevelShiftCollapse(Check):
         self.reset()
         self._rows, self._start_sum = int(d["rows"]), float(d["start_sum"])
         self._last = _dec(d["last"])
+        self._short = bool(d.get("short", False))  # (states saved before short runs: long)
+        if self._short:
+            self._level = LevelDrop(min_ref=GLR_SHORT_MIN_REF)
         level = self._level
         total = 0.0
         for v in d["rewards"]:
