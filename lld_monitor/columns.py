@@ -149,6 +149,10 @@ NONFINITE = "nonfinite"
 #: (elsewhere a NaN is the monitor's "not measured", e.g. logp_incorrect with no incorrect
 #: response).
 NONFINITE_COLUMNS: tuple[str, ...] = (LOSS, GRAD_NORM)
+#: ... and in a foreign log the reward too: a literal nan / inf reward cell is a failure (the
+#: live monitor's input check raises it), a blank one a missing value. (Our run log does not
+#: name a missing reward: the monitor raised the failure live, in events.jsonl.)
+IMPORTED_NONFINITE_COLUMNS: tuple[str, ...] = (*NONFINITE_COLUMNS, REWARD_MEAN)
 
 # --- event log fields -----------------------------------------------------------------------
 EVENT_TYPE = "type"  # one of EVENT_TYPES

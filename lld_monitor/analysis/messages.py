@@ -33,10 +33,20 @@ def _failure(step: int, kind: str, msg: str, held: float, ev: dict[str, Any], ll
 
 # --- non-LLD failures -----------------------------------------------------------------------------
 def nonfinite_alert(
-    step: int, loss: float, g: float, bad_loss: bool, bad_grad: bool, rows: int
+    step: int,
+    loss: float,
+    g: float,
+    bad_loss: bool,
+    bad_grad: bool,
+    rows: int,
+    *,
+    reward: float | None = None,
 ) -> Alert:
-    """A non-finite loss, or non-finite grad norms ``rows`` rows in a row."""
+    """A non-finite loss or reward (``reward``: its value, None when finite), or non-finite
+    grad norms ``rows`` rows in a row."""
     what = []
+    if reward is not None:
+        what.append(f"reward={reward}")
     if bad_loss:
         what.append(f"loss={loss}")
     if bad_grad:
@@ -47,7 +57,8 @@ def nonfinite_alert(
         "critical",
         f"non-finite training values at step {step}: {', '.join(what)}; this is a numerical "
         "failure (e.g. learning rate, precision, a bad batch), not a sign of LLD",
-        {"loss": _enc(loss), "grad_norm": _enc(g), "rows": rows},
+        {"loss": _enc(loss), "grad_norm": _enc(g), "rows": rows}
+        | ({"reward": _enc(reward)} if reward is not None else {}),
     )
 
 

@@ -123,8 +123,9 @@ class Signals:
     Read by every check after ``update``: ``step``, ``prev_step``, ``first_step``, ``n_rows``
     (rows accepted so far, this one included), ``warm``; the row's raw values under the column
     names (``reward_mean``, ``logp_correct``, ... NaN when missing); ``bad_loss`` / ``bad_grad``
-    (a non-finite loss / grad norm this row); the EMAs (``<signal>_ema``, a ``stats.Ema`` of
-    each of ``EMA_SIGNALS``: ``entropy_ema.fast``, ``log_grad_ema.slow``, ...); ``reward_peak``
+    / ``bad_reward`` (a non-finite loss / grad norm / reward this row); the EMAs
+    (``<signal>_ema``, a ``stats.Ema`` of each of ``EMA_SIGNALS``: ``entropy_ema.fast``,
+    ``log_grad_ema.slow``, ...); ``reward_peak``
     (highest fast reward EMA), ``reward_min``, ``reward_trough`` (lowest before the peak);
     ``kl_ref`` (lowest slow KL EMA once warm); ``entropy_early`` / ``length_early`` (means over
     the warm-up rows); ``trunc_rows``; ``lp_short`` (``stats.RollingOLS`` of logp_correct over
@@ -139,6 +140,7 @@ class Signals:
         "_damp",
         "bad_grad",
         "bad_loss",
+        "bad_reward",
         "config",
         "early_n",
         "first_step",
@@ -185,6 +187,7 @@ class Signals:
             setattr(self, name, _NAN)
         self.bad_loss = False
         self.bad_grad = False
+        self.bad_reward = False
         for g in EMA_SIGNALS:
             setattr(self, f"{g}_ema", Ema())
         self.lp_short = RollingOLS(cfg.short_steps, cfg.min_short_rows)
@@ -348,8 +351,9 @@ class Signals:
         kl: float,
         ln: float,
     ) -> None:
-        """``bad_loss`` / ``bad_grad`` of this row: a NaN counts only when the column was seen
-        finite and the row carries other training values (``rw``, ``h``, ``kl``, ``ln``; else it
+        """``bad_loss`` / ``bad_grad`` / ``bad_reward`` of this row: a NaN counts only when the
+        column was seen finite and the row carries other training values (``rw``, ``h``,
+        ``kl``, ``ln``; else it
         is a missing value, e.g. an eval row), or when ``marks`` names it."""
         seen = self.seen
         if loss - loss == 0.0:
@@ -365,6 +369,11 @@ class Signals:
             self.bad_grad = g == g or C.GRAD_NORM in marks
         else:
             self.bad_grad = g == g or (C.GRAD_NORM in seen and _others(rw, h, kl, ln))
+        # a reward is +-inf, or a NaN the row names as non-finite (the live monitor's input
+        # check raises the same: a blank reward cell is a missing value, not a failure)
+        self.bad_reward = rw - rw != 0.0 and (
+            rw == rw or (marks is not None and C.REWARD_MEAN in marks)
+        )
 
     def _early(self, h: float, ln: float) -> None:
         """A warm-up row: the early levels of the entropy and the completion length (entropy

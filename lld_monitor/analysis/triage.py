@@ -4,8 +4,9 @@ DIR`` prints it, ``cli/triage.py``; the dashboard's run picker shows it).
 "Which of my 40 runs are in trouble, and since when?" Every run under the folder (our run folders,
 TRL output folders, W&B / TensorBoard / trainer_state / console logs, notebooks, mixed) is loaded
 and analysed on its own; each gets a verdict (``collapsed``: a critical collapse alert or a
-collapse step; ``critical`` / ``warning``: its worst alert; ``healthy``; ``unreadable``: with its
-error, which never stops the rest), its worst alert with the step, its phase at the end, its last
+collapse step; ``critical`` / ``warning``: its worst alert; ``cant_tell``: no alert, but the run
+lacks what a verdict needs, with the reason; ``healthy``; ``unreadable``: with its error, which
+never stops the rest), its worst alert with the step, its phase at the end, its last
 step and format. Sorted by verdict, then by the step of the worst alert's first sighting (the
 latest first), then by name.
 """
@@ -33,6 +34,7 @@ __all__ = [
     "RunVerdict",
     "analyse_one",
     "candidates",
+    "cant_tell",
     "is_collection_of_runs",
     "is_folder_of_runs",
     "one_run_in",
@@ -40,6 +42,7 @@ __all__ = [
     "triage",
     "triage_file",
     "triage_one",
+    "verdict_word",
 ]
 
 #: Verdicts, worst first (the sort order of the table).
@@ -47,11 +50,18 @@ VERDICTS: tuple[str, ...] = (
     "collapsed",
     "critical",
     "warning",
+    "cant_tell",
     "healthy",
     "unreadable",
     "summary",
     "skipped",
 )
+
+
+def verdict_word(verdict: str) -> str:
+    """A verdict as people read it (``cant_tell``: "can't tell"; the rest as they are): the
+    triage's text and the dashboard's picker say the same word."""
+    return "can't tell" if verdict == "cant_tell" else verdict
 
 
 @dataclass
@@ -68,6 +78,7 @@ class RunVerdict:
     worst: dict[str, Any] | None = None  # {"kind", "severity", "step", "message"}
     error: str | None = None
     alert_severities: list[str] = field(default_factory=list)
+    reason: str | None = None  # why "cant_tell": what the run lacks for a verdict
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,6 +92,7 @@ class RunVerdict:
             "worst_alert": self.worst,
             "alerts": len(self.alert_severities),
             "error": self.error,
+            "reason": self.reason,
         }
 
 
@@ -164,6 +176,9 @@ def analyse_one(
         a.kind == "collapse" and a.severity == "critical" for a in alerts
     )
     verdict = "collapsed" if collapsed else (worst["severity"] if worst is not None else "healthy")
+    reason = cant_tell(path, df) if verdict == "healthy" else None
+    if reason is not None:
+        verdict = "cant_tell"
     phases = list(analysis.phases)
     result = RunVerdict(
         name,
@@ -175,8 +190,34 @@ def analyse_one(
         phase=phases[-1].phase if phases else None,
         worst=worst,
         alert_severities=[a.severity for a in alerts],
+        reason=reason,
     )
     return result, analysis
+
+
+def cant_tell(path: Path, df: Any) -> str | None:
+    """Why a run with no alert cannot be called healthy, or None when it can: no reward
+    logged; too few rows with a reward (the collapse test judges from the row after
+    ``stats.GLR_MIN_REF`` differences, so a run of fewer than twice that many rows was mostly
+    not judged); an lld_monitor run folder never closed (no ``closed.json``: still running,
+    crashed or killed)."""
+    from lld_monitor.analysis.stats import GLR_MIN_REF
+
+    n = int(df[C.REWARD_MEAN].notna().sum()) if C.REWARD_MEAN in df.columns else 0
+    if n == 0:
+        return "no reward logged: the collapse test has nothing to judge"
+    if n < 2 * GLR_MIN_REF:
+        return (
+            f"too short: {n} rows with a reward (the collapse test judges rows from the "
+            f"{GLR_MIN_REF + 1}th, with the run's own noise: {2 * GLR_MIN_REF} rows at the "
+            "least for it to have judged most of the run)"
+        )
+    if df.attrs.get("source_format") == "lld_run" and path.is_dir():
+        from lld_monitor.runlog import CLOSED_FILE
+
+        if not (path / CLOSED_FILE).is_file():
+            return f"not closed: still running, crashed or killed (no {CLOSED_FILE})"
+    return None
 
 
 def sort_key(v: RunVerdict) -> tuple[int, int, str]:

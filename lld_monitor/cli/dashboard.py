@@ -125,6 +125,9 @@ def build_command(args: argparse.Namespace, app: Path) -> list[str]:
         "false",
         "--browser.gatherUsageStats",
         "false",
+        # a viewer's toolbar: no Deploy button (nor rerun / clear cache) on a local monitor
+        "--client.toolbarMode",
+        "viewer",
         "--",
         *paths,
         "--refresh",

@@ -23,6 +23,7 @@ from lld_monitor.analysis.triage import (
     sort_key,
     triage,
     triage_one,
+    verdict_word,
 )
 
 __all__ = [
@@ -45,7 +46,7 @@ def table_text(root: Path, verdicts: Sequence[RunVerdict]) -> str:
     """The triage as text: a count line, one line per run, then the skipped files."""
     runs = [v for v in verdicts if v.verdict not in ("skipped", "summary")]
     counts = {k: sum(v.verdict == k for v in runs) for k in VERDICTS}
-    head = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+    head = ", ".join(f"{n} {verdict_word(k)}" for k, n in counts.items() if n)
     lines = [f"{root}: {len(runs)} runs ({head or 'none'})"]
     width = max((len(v.name) for v in runs), default=4)
     lines.append(
@@ -59,8 +60,8 @@ def table_text(root: Path, verdicts: Sequence[RunVerdict]) -> str:
         worst = f"{v.worst['kind']} at step {v.worst['step']}" if v.worst else "-"
         last = "-" if v.last_step is None else str(v.last_step)
         lines.append(
-            f"  {v.verdict:<10} {v.name:<{width}}  {worst:<28} {v.phase or '-':<11} "
-            f"{last:>9}  {v.format}"
+            f"  {verdict_word(v.verdict):<10} {v.name:<{width}}  {worst:<28} "
+            f"{v.phase or '-':<11} {last:>9}  {v.format}" + (f"  ({v.reason})" if v.reason else "")
         )
     summaries = [v.name for v in verdicts if v.verdict == "summary"]
     if summaries:

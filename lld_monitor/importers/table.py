@@ -58,7 +58,7 @@ def canonicalize(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         for other in numbers[1:]:
             series = series.fillna(other)
         out[col] = series
-        if col in C.NONFINITE_COLUMNS:
+        if col in C.IMPORTED_NONFINITE_COLUMNS:
             lit = _literal_nonfinite(frame[sources[0]]).to_numpy(dtype=bool)
             if lit.any():
                 literal.append((col, lit))

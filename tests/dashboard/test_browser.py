@@ -188,6 +188,8 @@ def test_dashboard_in_chromium(server: str, live_run: tuple[Path, RunWriter]) ->
         )
         names = plot.evaluate("g => g.data.map(t => t.name)")
         assert f"exp1 · {C.REWARD_MEAN}" in names
+        # a viewer's toolbar (--client.toolbarMode viewer): no Deploy button on a local monitor
+        assert page.get_by_role("button", name="Deploy").count() == 0
         assert "exp1 · events" in names
         assert page.locator(".js-plotly-plot .main-svg").count() > 0
 

@@ -572,6 +572,7 @@ VERDICT_BADGE: dict[str, str] = {
     "collapsed": "🔴",
     "critical": "🟠",
     "warning": "🟡",
+    "cant_tell": "❔",
     "healthy": "🟢",
     "analysing": "⏳",
     "unreadable": "⚪",
@@ -594,9 +595,13 @@ def verdict_order(names: Sequence[str], verdicts: dict[str, Any]) -> list[str]:
 def picker_label(name: str, verdict: Any) -> str:
     """``🔴 run · collapsed (collapse at step 73)``: a run's label in the picker."""
     badge = VERDICT_BADGE.get(verdict.verdict, "⚪")
-    text = f"{badge} {name} · {verdict.verdict}"
+    from lld_monitor.analysis.triage import verdict_word
+
+    text = f"{badge} {name} · {verdict_word(verdict.verdict)}"
     if verdict.worst:
         text += f" ({verdict.worst['kind']} at step {verdict.worst['step']})"
+    elif verdict.reason:
+        text += f" ({verdict.reason})"
     return text
 
 

@@ -1,0 +1,83 @@
+"""Verdicts that say what is known (issue 50, item 1): a run the tool cannot judge is "can't tell"
+with its reason, never a green "healthy"; the offline analysis raises on a non-finite reward as
+the live monitor does."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from lld_monitor.analysis.triage import analyse_one, triage
+from lld_monitor.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "sample_runs" / "auto" / "default-seed0-off"  # a healthy, closed run
+
+
+def _csv(path: Path, n: int, reward=lambda s: 0.3 + 0.01 * s) -> Path:
+    s = np.arange(1, n + 1)
+    pd.DataFrame({"step": s, "reward": [reward(i) for i in s], "grad_norm": 0.5}).to_csv(
+        path, index=False
+    )
+    return path
+
+
+def test_a_12_row_run_is_cant_tell_too_short(tmp_path):
+    v, _ = analyse_one(_csv(tmp_path / "r.csv", 12), tmp_path, fork=False)
+    assert v.verdict == "cant_tell" and v.reason.startswith("too short: 12 rows")
+    v, _ = analyse_one(_csv(tmp_path / "r40.csv", 40), tmp_path, fork=False)
+    assert v.verdict == "healthy" and v.reason is None
+
+
+def test_a_log_without_a_reward_is_cant_tell(tmp_path):
+    path = tmp_path / "g.csv"
+    pd.DataFrame({"step": range(1, 41), "grad_norm": 0.5, "loss": 0.1}).to_csv(path, index=False)
+    v, _ = analyse_one(path, tmp_path, fork=False)
+    assert v.verdict == "cant_tell" and v.reason.startswith("no reward logged")
+
+
+def test_a_run_never_closed_is_cant_tell_and_a_closed_one_healthy(tmp_path):
+    v, _ = analyse_one(SAMPLE, SAMPLE.parent, fork=False)
+    assert v.verdict == "healthy"
+    killed = tmp_path / "killed"
+    shutil.copytree(SAMPLE, killed)
+    (killed / "closed.json").unlink()  # kill -9: no closed.json
+    v, _ = analyse_one(killed, tmp_path, fork=False)
+    assert v.verdict == "cant_tell" and "no closed.json" in v.reason
+
+
+def test_a_nan_reward_is_a_critical_nonfinite_offline(tmp_path):
+    path = tmp_path / "nan.csv"
+    rows = ["step,reward,grad_norm"] + [
+        f"{s},{'nan' if s > 20 else 0.3 + 0.01 * s},0.5" for s in range(1, 31)
+    ]
+    path.write_text("\n".join(rows) + "\n")
+    v, _ = analyse_one(path, tmp_path, fork=False)
+    assert v.verdict == "critical" and v.worst["kind"] == "nonfinite" and v.worst["step"] == 21
+    assert "reward=nan" in v.worst["message"]
+    # a blank reward cell is a missing value, not a failure
+    path.write_text(path.read_text().replace("nan", ""))
+    v, _ = analyse_one(path, tmp_path, fork=False)
+    assert v.verdict != "critical"
+
+
+def test_the_triage_text_json_and_picker_say_cant_tell_with_the_reason(tmp_path, capsys):
+    from lld_monitor.report.dashboard.sources import picker_label
+
+    _csv(tmp_path / "short.csv", 12)
+    _csv(tmp_path / "long.csv", 40)
+    assert main(["analyze", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 can't tell, 1 healthy" in out
+    assert "can't tell short.csv" in out and "(too short: 12 rows" in out
+    assert main(["analyze", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    short = next(r for r in doc["runs"] if r["name"] == "short.csv")
+    assert short["verdict"] == "cant_tell" and short["reason"].startswith("too short")
+    assert doc["counts"]["cant_tell"] == 1
+    v = next(v for v in triage(tmp_path, jobs=1) if v.name == "short.csv")
+    assert picker_label("short.csv", v).startswith("❔ short.csv · can't tell (too short")
