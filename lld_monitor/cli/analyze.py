@@ -187,6 +187,10 @@ def summary_text(df: pd.DataFrame, analysis: Any) -> str:
     lines.append(f"collapse: {collapse_line(analysis)}")
     lines.append(f"signals used:    {', '.join(analysis.signals_used) or 'none'}")
     lines.append(f"signals missing: {', '.join(analysis.signals_missing) or 'none'}")
+    told = story(df)
+    if told:
+        lines.append("story:")
+        lines += [f"  {line}" for line in told]
     for note in all_notes(df, analysis):
         lines.append(f"  note: {note}")
     unmapped = df.attrs.get("unmapped_columns") or []
@@ -223,8 +227,25 @@ def json_result(df: pd.DataFrame, analysis: Any) -> dict[str, Any]:
         "step_source": df.attrs.get("step_source"),
         "step_note": df.attrs.get("step_note"),
         "notes": all_notes(df, analysis),
+        "story": story(df),
         "unmapped_columns": list(df.attrs.get("unmapped_columns") or []),
     }
+
+
+def story(df: pd.DataFrame) -> list[str]:
+    """What an lld_monitor run's own logs say happened (``runlog.run_story``: interventions,
+    the monitor's warnings and errors, resumes, the ending); [] for a foreign log."""
+    from pathlib import Path
+
+    path = Path(str(df.attrs.get("source_path", "")))
+    if df.attrs.get("source_format") != "lld_run" or not path.is_dir():
+        return []
+    from lld_monitor.runlog import RunFormatError, load_run, run_story
+
+    try:
+        return run_story(load_run(path))
+    except (RunFormatError, OSError, ValueError) as exc:
+        return [f"the run's events could not be read: {_one_line(str(exc))}"]
 
 
 def all_notes(df: pd.DataFrame, analysis: Any) -> list[str]:

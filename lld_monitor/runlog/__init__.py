@@ -37,6 +37,7 @@ from lld_monitor.runlog.reader import (
     _fast_steps,
     load_run,
     one_row_per_step,
+    run_story,
 )
 from lld_monitor.runlog.writer import (
     RunWriter,
@@ -69,4 +70,5 @@ __all__ = [
     "load_run",
     "logger",
     "one_row_per_step",
+    "run_story",
 ]

@@ -19,6 +19,7 @@ from lld_monitor.runlog.common import (
     _EVENT_ORDER,
     _FAST_PATH_MIN_BYTES,
     _TOKEN_FILE_RE,
+    CLOSED_FILE,
     EVENTS_FILE,
     STEPS_FILE,
     TOKENS_DIR,
@@ -345,3 +346,51 @@ class RunReader(_RunFiles):
         self._offsets[EVENTS_FILE] = offset + consumed
         self.skipped_lines[EVENTS_FILE] += garbled
         return _events_frame(records)
+
+
+def run_story(run: Run) -> list[str]:
+    """What the run's own logs say happened besides its metrics, a line each, in step order:
+    the interventions (LLDS switched on or off, and why), the monitor's warnings and errors
+    (lifecycle warnings such as "LLDS is identically zero", monitor errors), resumes, and the
+    ending: closed (its outcome), crashed or killed (no ``closed.json``; an end event or none),
+    with the rows against what ``closed.json`` counts (a torn or short tail)."""
+    lines: list[str] = []
+    ev = run.events
+    if len(ev):
+        for rec in ev.to_dict("records"):
+            kind, typ = str(rec.get(C.EVENT_KIND)), str(rec.get(C.EVENT_TYPE))
+            sev = str(rec.get(C.EVENT_SEVERITY) or "info")
+            step = rec.get(C.EVENT_STEP)
+            at = f"step {int(step)}" if step is not None and step == step else "start"
+            msg = " ".join(str(rec.get(C.EVENT_MESSAGE) or "").split())
+            if typ == "intervention":  # (its message names lambda and the reason)
+                lines.append(f"{at}: intervention {kind}: {msg}")
+            elif typ == "error" or (typ == "lifecycle" and sev in ("warning", "critical")):
+                lines.append(f"{at}: {typ} {kind} [{sev}]: {msg}")
+            elif typ == "lifecycle" and kind == "resume":
+                lines.append(f"{at}: resumed: {msg}")
+    ended = len(ev) and bool(
+        ((ev[C.EVENT_TYPE] == "lifecycle") & (ev[C.EVENT_KIND] == "end")).any()
+    )
+    info = run.closed_info
+    rows = len(run.steps)
+    if run.finished and info is not None:
+        outcome = info.get("outcome", "?")
+        lost = int(info.get("rows_lost") or 0)
+        line = f"ending: closed ({outcome}), {rows} rows"
+        want = info.get("n_steps")
+        if isinstance(want, int) and want != rows:
+            line += f"; closed.json counts {want}: a torn or short tail of {want - rows} row(s)"
+        if lost:
+            line += f"; {lost} row(s) the writer could not write"
+        lines.append(line)
+    elif ended:
+        lines.append(
+            f"ending: an end event but no {CLOSED_FILE} (the writer did not close), {rows} rows"
+        )
+    else:
+        lines.append(
+            f"ending: not closed (no {CLOSED_FILE}, no end event): still running, crashed or "
+            f"killed; {rows} rows"
+        )
+    return lines

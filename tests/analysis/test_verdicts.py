@@ -81,3 +81,47 @@ def test_the_triage_text_json_and_picker_say_cant_tell_with_the_reason(tmp_path,
     assert doc["counts"]["cant_tell"] == 1
     v = next(v for v in triage(tmp_path, jobs=1) if v.name == "short.csv")
     assert picker_label("short.csv", v).startswith("❔ short.csv · can't tell (too short")
+
+
+AUTO = ROOT / "sample_runs" / "auto" / "s1-small-32upd-lr3e-3-seed0-auto"  # LLDS switched on
+
+
+def test_analyze_tells_the_runs_story_text_and_json(capsys):
+    assert main(["analyze", str(AUTO)]) == 0
+    out = capsys.readouterr().out
+    assert "story:\n  step 14: intervention llds_enable: LLDS switched on (lambda=0.2)" in out
+    assert "  ending: closed (ok), 400 rows" in out
+    assert main(["analyze", str(AUTO), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["story"][0].startswith("step 14: intervention llds_enable")
+    assert doc["story"][-1] == "ending: closed (ok), 400 rows"
+
+
+def test_a_torn_tail_and_a_killed_run_are_told(tmp_path, capsys):
+    torn = tmp_path / "torn"
+    shutil.copytree(SAMPLE, torn)
+    lines = (torn / "steps.jsonl").read_text().splitlines(keepends=True)
+    (torn / "steps.jsonl").write_text("".join(lines[:-1]) + lines[-1][:20])  # a torn last line
+    assert main(["analyze", str(torn), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "closed.json counts 400: a torn or short tail of 1 row(s)" in doc["story"][-1]
+    killed = tmp_path / "killed"
+    shutil.copytree(SAMPLE, killed)
+    (killed / "closed.json").unlink()
+    events = (killed / "events.jsonl").read_text().splitlines(keepends=True)
+    (killed / "events.jsonl").write_text("".join(e for e in events if '"kind":"end"' not in e))
+    assert main(["analyze", str(killed), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["story"][-1].startswith("ending: not closed (no closed.json, no end event)")
+    # a foreign log has no story of its own
+    assert (
+        main(
+            [
+                "analyze",
+                str(ROOT / "tests" / "fixtures" / "importers" / "trainer_state.json"),
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["story"] == []

@@ -71,7 +71,7 @@ def test_json_is_one_object_with_exactly_the_schema_keys(name, capsys):
     assert set(doc) == {
         *("phases", "alerts", "collapse_step", "collapse", "signals"),  # Analysis.to_dict()
         *("source", "format", "other_sources", "rows", "first_step", "last_step"),  # as the text
-        *("step_source", "step_note", "notes", "unmapped_columns"),
+        *("step_source", "step_note", "notes", "story", "unmapped_columns"),
     }
     assert doc["format"] == load_table(FIX / name).attrs["source_format"]
     assert doc["other_sources"] == []  # a file, not an output folder
