@@ -233,19 +233,11 @@ def json_result(df: pd.DataFrame, analysis: Any) -> dict[str, Any]:
 
 
 def story(df: pd.DataFrame) -> list[str]:
-    """What an lld_monitor run's own logs say happened (``runlog.run_story``: interventions,
+    """What an lld_monitor run's own logs say happened (``runlog.table_story``: interventions,
     the monitor's warnings and errors, resumes, the ending); [] for a foreign log."""
-    from pathlib import Path
+    from lld_monitor.runlog import table_story
 
-    path = Path(str(df.attrs.get("source_path", "")))
-    if df.attrs.get("source_format") != "lld_run" or not path.is_dir():
-        return []
-    from lld_monitor.runlog import RunFormatError, load_run, run_story
-
-    try:
-        return run_story(load_run(path))
-    except (RunFormatError, OSError, ValueError) as exc:
-        return [f"the run's events could not be read: {_one_line(str(exc))}"]
+    return table_story(df)
 
 
 def all_notes(df: pd.DataFrame, analysis: Any) -> list[str]:

@@ -64,6 +64,15 @@ def _summary_html(df: pd.DataFrame, analysis: Any) -> str:
         + html.escape(", ".join(getattr(analysis, "signals_missing", []) or []) or "none")
         + "</p>",
     ]
+    from lld_monitor.runlog import table_story
+
+    told = table_story(df) if isinstance(df, pd.DataFrame) else []
+    if told:  # (an lld_monitor run: interventions, warnings, errors, resumes, its ending)
+        lines.append(
+            '<p class="lld-story">story:<br>'
+            + "<br>".join(html.escape(str(t)) for t in told)
+            + "</p>"
+        )
     notes = [*(attrs.get("import_notes") or []), *(getattr(analysis, "notes", None) or [])]
     if notes:
         lines.append("<p>notes:<br>" + "<br>".join(html.escape(str(n)) for n in notes) + "</p>")

@@ -38,6 +38,7 @@ from lld_monitor.runlog.reader import (
     load_run,
     one_row_per_step,
     run_story,
+    table_story,
 )
 from lld_monitor.runlog.writer import (
     RunWriter,
@@ -71,4 +72,5 @@ __all__ = [
     "logger",
     "one_row_per_step",
     "run_story",
+    "table_story",
 ]

@@ -394,3 +394,16 @@ def run_story(run: Run) -> list[str]:
             f"killed; {rows} rows"
         )
     return lines
+
+
+def table_story(table: pd.DataFrame) -> list[str]:
+    """``run_story`` of the lld_monitor run folder a loaded table came from (its attrs
+    ``source_format`` "lld_run" and ``source_path``, as ``importers.load_table`` sets them);
+    [] for a foreign log; one line saying so when the run's events cannot be read."""
+    path = Path(str(table.attrs.get("source_path", "")))
+    if table.attrs.get("source_format") != "lld_run" or not path.is_dir():
+        return []
+    try:
+        return run_story(load_run(path))
+    except (OSError, ValueError) as exc:  # (RunFormatError is a ValueError)
+        return [f"the run's events could not be read: {' '.join(str(exc).split())}"]

@@ -125,3 +125,15 @@ def test_a_torn_tail_and_a_killed_run_are_told(tmp_path, capsys):
         == 0
     )
     assert json.loads(capsys.readouterr().out)["story"] == []
+
+
+def test_the_html_report_tells_the_story(tmp_path, capsys):
+    out = tmp_path / "r.html"
+    assert main(["analyze", str(AUTO), "--html", str(out)]) == 0
+    page = out.read_text()
+    assert '<p class="lld-story">story:<br>step 14: intervention llds_enable' in page
+    assert "ending: closed (ok), 400 rows</p>" in page
+    foreign = tmp_path / "f.html"
+    ts = ROOT / "tests" / "fixtures" / "importers" / "trainer_state.json"
+    assert main(["analyze", str(ts), "--html", str(foreign)]) == 0
+    assert "lld-story" not in foreign.read_text()
