@@ -35,6 +35,7 @@ __all__ = [
     "analyse_one",
     "candidates",
     "cant_tell",
+    "folder_runs",
     "is_collection_of_runs",
     "is_folder_of_runs",
     "one_run_in",
@@ -98,29 +99,30 @@ class RunVerdict:
 
 def is_collection_of_runs(path: Path) -> bool:
     """A folder of two or more runs, or one file that holds several runs (runs appended to one
-    log, a W&B export of several runs). A folder of one run is that run (``load_table`` reads
-    it: ``load.one_run_in``)."""
+    log, a W&B export of several runs). A folder of one run is that run (``one_run_in``)."""
     if path.is_file():
         from lld_monitor.importers.load import runs_in_file
 
         return len(runs_in_file(path)) > 1
+    return len(folder_runs(path)) > 1
+
+
+def folder_runs(path: Path) -> list[Any]:
+    """The catalog's entries (``importers.catalog.CatalogEntry``) of a folder that is not itself
+    one run but holds runs; [] for anything else. Two or more: a triage; one: that run."""
     if not is_folder_of_runs(path):
-        return False
+        return []
     from lld_monitor.importers.catalog import catalog
 
-    return len(catalog(path)[0]) > 1
+    return catalog(path)[0]
 
 
-def one_run_in(path: Path) -> tuple[Path, str | None] | None:
+def one_run_in(path: Path, entries: list[Any] | None = None) -> tuple[Path, str | None] | None:
     """(path, run) of the one run a folder holds when it holds exactly one and is not itself
     one run (a folder of one log file, a log dir whose one run lies in ``runs/NAME/``), else
     None: ``lld-monitor analyze`` analyses such a folder as that run; the triage is for two or
-    more."""
-    if not path.is_dir() or not is_folder_of_runs(path):
-        return None
-    from lld_monitor.importers.catalog import catalog
-
-    entries, _ = catalog(path)
+    more. ``entries``: ``folder_runs(path)`` when the caller has it (not listed again)."""
+    entries = folder_runs(path) if entries is None else entries
     if len(entries) != 1:
         return None
     return entries[0].path, entries[0].run

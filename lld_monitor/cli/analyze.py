@@ -13,6 +13,7 @@ import pandas as pd
 
 from lld_monitor import columns as C
 from lld_monitor.importers import FORMATS, ImportFormatError, load_table
+from lld_monitor.runlog import table_story
 
 #: ``--fail-on`` choices; an alert fails the run when its severity ranks at least as high
 FAIL_ON: tuple[str, ...] = ("warning", "critical")
@@ -68,10 +69,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from pathlib import Path
 
+    from lld_monitor.analysis.triage import folder_runs, one_run_in
     from lld_monitor.cli.triage import is_collection_of_runs, run_triage
 
     folder = Path(args.path)
-    if getattr(args, "run", None) is None and is_collection_of_runs(folder):
+    run = getattr(args, "run", None)
+    # a folder's runs, listed once: two or more are a triage, one is that run
+    entries = folder_runs(folder) if run is None and folder.is_dir() else []
+    several = len(entries) > 1 if folder.is_dir() else is_collection_of_runs(folder)
+    if run is None and several:
         if args.html:
             print(
                 f"lld-monitor analyze: {folder} holds several runs (triage: one line per run); "
@@ -85,13 +91,9 @@ def run(args: argparse.Namespace) -> int:
             return 2
         return run_triage(folder, as_json=args.json, fail_on=args.fail_on, jobs=jobs)
     return_large_frees()
-    target, run, only = folder, getattr(args, "run", None), None
-    if run is None:
-        from lld_monitor.analysis.triage import one_run_in
-
-        only = one_run_in(folder)  # (a folder of one run: that run)
-        if only is not None:
-            target, run = only
+    target, only = folder, one_run_in(folder, entries) if entries else None
+    if only is not None:  # (a folder of one run: that run)
+        target, run = only
     try:
         df = load_table(target, run=run)
     except ImportFormatError as exc:
@@ -187,7 +189,7 @@ def summary_text(df: pd.DataFrame, analysis: Any) -> str:
     lines.append(f"collapse: {collapse_line(analysis)}")
     lines.append(f"signals used:    {', '.join(analysis.signals_used) or 'none'}")
     lines.append(f"signals missing: {', '.join(analysis.signals_missing) or 'none'}")
-    told = story(df)
+    told = table_story(df)
     if told:
         lines.append("story:")
         lines += [f"  {line}" for line in told]
@@ -227,17 +229,9 @@ def json_result(df: pd.DataFrame, analysis: Any) -> dict[str, Any]:
         "step_source": df.attrs.get("step_source"),
         "step_note": df.attrs.get("step_note"),
         "notes": all_notes(df, analysis),
-        "story": story(df),
+        "story": table_story(df),
         "unmapped_columns": list(df.attrs.get("unmapped_columns") or []),
     }
-
-
-def story(df: pd.DataFrame) -> list[str]:
-    """What an lld_monitor run's own logs say happened (``runlog.table_story``: interventions,
-    the monitor's warnings and errors, resumes, the ending); [] for a foreign log."""
-    from lld_monitor.runlog import table_story
-
-    return table_story(df)
 
 
 def all_notes(df: pd.DataFrame, analysis: Any) -> list[str]:

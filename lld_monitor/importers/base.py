@@ -208,8 +208,9 @@ class Format:
       step_source)`` each: one run named "1" unless ``appendable`` (runs appended to one log:
       cut where the step counter restarts, ``parts.split_runs``, named "1", "2", ...);
     - ``runs(path, head)``: the names of its runs (cheap where the format can say without
-      parsing the whole file); ``read(path, head, run=)``: one run (``run``: its name; None:
-      the file's own choice, the latest of appended runs).
+      parsing the whole file; a folder listing asks it only of ``several`` formats);
+      ``read(path, head, run=)``: one run (``run``: its name; None: the file's own choice, the
+      latest of appended runs).
     """
 
     name: ClassVar[str]
@@ -220,6 +221,9 @@ class Format:
     #: A log that runs are appended to (a console log, a JSONL metrics file): ``load_runs``
     #: cuts it where the step counter restarts (``parts.run_bounds``).
     appendable: ClassVar[bool] = False
+    #: A file of this format may name several runs of its own (a W&B panel export): a folder
+    #: listing asks ``runs``; for the others (one run, or appended ones) it need not.
+    several: ClassVar[bool] = False
 
     def sniff(self, head: Head) -> bool:
         return False

@@ -10,6 +10,7 @@ No torch import here.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import itertools
 import json
@@ -770,6 +771,7 @@ class PlainConsole(Format):
 
 class WandbCsv(Format):
     name = "wandb_csv"
+    several = True  # (a panel export of several runs)
     rank = 90
     suffixes = frozenset({".csv"})
     maybe_suffixes = frozenset({".tsv"})
@@ -956,9 +958,10 @@ def framework_hint(text: str) -> str:
     framework (what its logger writes, which the file lacks), else ''."""
     head = text[:SNIFF_HINT_CHARS]
     for marker, name, lines in FRAMEWORK_MARKERS:
-        if re.search(marker, head):
+        m = re.search(marker, head)
+        if m is not None:
             return (
-                f"it looks like a log of {name} (it names {re.search(marker, head).group(0)!r}) "
+                f"it looks like a log of {name} (it names {m.group(0)!r}) "
                 f"but holds none of the metric lines its logger writes: {lines}; was the "
                 "metrics logger off, or is this another process's log? "
             )
@@ -983,14 +986,27 @@ def checkpoint_states(path: Path) -> tuple[Path | None, int, list[str]]:
     skipped: list[str] = []
     for _, p in sorted(found, reverse=True):
         try:
-            doc = json.loads(p.read_text(encoding="utf-8", errors="replace"))
-        except (OSError, json.JSONDecodeError):
-            skipped.append(f"{p.parent.name}/{p.name}: invalid JSON (cut off?)")
-            continue
-        if isinstance(doc, dict) and isinstance(doc.get("log_history"), list):
+            st = p.stat()
+            why = _state_problem(str(p), st.st_mtime_ns, st.st_size)
+        except OSError:
+            why = "unreadable"
+        if why is None:
             return p, len(found), skipped
-        skipped.append(f"{p.parent.name}/{p.name}: no log_history")
+        skipped.append(f"{p.parent.name}/{p.name}: {why}")
     return None, len(found), skipped
+
+
+@functools.lru_cache(maxsize=64)
+def _state_problem(path: str, mtime_ns: int, size: int) -> str | None:
+    """What keeps a checkpoint's trainer_state.json from being read (None: nothing), parsed
+    once per version of the file (its detection and the folder's notes both ask)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8", errors="replace"))
+    except (OSError, json.JSONDecodeError):
+        return "invalid JSON (cut off?)"
+    if isinstance(doc, dict) and isinstance(doc.get("log_history"), list):
+        return None
+    return "no log_history"
 
 
 def _detect_folder(path: Path) -> tuple[Format, Head | None]:

@@ -72,30 +72,22 @@ def _folder_sources(path: Path) -> list[tuple[str, Path, str]]:
     return found
 
 
-def read_source_note(path: Path, fmt: str) -> str | None:
-    """For an output folder read from one of its checkpoints: which one, and any later one
-    passed over (cut off mid-write); else None."""
-    if not path.is_dir() or (path / "trainer_state.json").is_file():
-        return None
-    for name, where, what in _folder_sources(path):
-        if name == fmt == "trl_trainer_state" and where.parent != path:
-            return f"read {what}"
-    return None
-
-
-def other_sources(path: Path, fmt: str) -> list[str]:
-    """For an output folder read as ``fmt``: a line per other log it holds (what and where), so
-    the analysis can say what it did not read. Empty for a file, or a folder with one log."""
+def folder_notes(path: Path, fmt: str) -> tuple[str | None, list[str]]:
+    """For an output folder read as ``fmt`` (its sources listed once): the note saying which of
+    its checkpoints was read when it was one (and any later one passed over, cut off
+    mid-write), else None; and a line per other log it holds (what and where), so the analysis
+    can say what it did not read. (None, []) for a file."""
     if not path.is_dir():
-        return []
+        return None, []
     sources = _folder_sources(path)
     chosen = next((i for i, (name, _, _) in enumerate(sources) if name == fmt), None)
-    out = []
-    for i, (_name, where, what) in enumerate(sources):
-        if i == chosen:
-            continue
-        out.append(f"{what}: {where}")
-    return out
+    note = None
+    if chosen is not None:
+        name, where, what = sources[chosen]
+        if name == "trl_trainer_state" and where.parent != path:
+            note = f"read {what}"
+    others = [f"{what}: {where}" for i, (_, where, what) in enumerate(sources) if i != chosen]
+    return note, others
 
 
 # --- public API ---------------------------------------------------------------------------------
@@ -254,7 +246,9 @@ def _finish(path: Path, fmt: Format, frame: pd.DataFrame, step_source: str) -> p
     df.attrs["step_source"] = step_source
     df.attrs["step_note"] = frame.attrs.get("step_note") or _STEP_NOTES.get(step_source, "")
     authors = authors_note(frame.columns)
-    chosen = read_source_note(path, fmt.name)
+    # an output folder may hold several logs of the run (TensorBoard events beside TRL's
+    # trainer_state.json, a wandb/ folder): say which one was read and what else is there
+    chosen, others = folder_notes(path, fmt.name)
     df.attrs["import_notes"] = [
         *([chosen] if chosen else []),
         *frame.attrs.get("import_notes", []),
@@ -270,9 +264,7 @@ def _finish(path: Path, fmt: Format, frame: pd.DataFrame, step_source: str) -> p
         )
     df.attrs["eval_rows"] = 0 if evals is None else len(evals)
     df.attrs["source_path"] = str(path)
-    # an output folder may hold several logs of the run (TensorBoard events beside TRL's
-    # trainer_state.json, a wandb/ folder): say which one was read and what else is there
-    df.attrs["other_sources"] = other_sources(path, fmt.name)
+    df.attrs["other_sources"] = others
     return df
 
 
@@ -338,7 +330,8 @@ def runs_in_file(path: Path) -> list[str]:
         return []
     try:
         if not fmt.appendable:
-            names = fmt.runs(path, head)  # (from what the head says)
+            # (a notebook's or a table's one run: nothing to ask; a panel export's from its head)
+            names = fmt.runs(path, head) if fmt.several else []
         else:
             cached = _cached_runs(path)
             if cached is None:

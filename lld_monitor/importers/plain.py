@@ -16,6 +16,7 @@ No torch, no pandas: text in, dicts out.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any
@@ -162,6 +163,13 @@ def _find_step(line: str) -> re.Match[str] | None:
 
 
 def parse_plain(text: str) -> list[dict[str, Any]]:
+    """The metric rows of a plain training-loop log (``_parse_plain``, parsed once per text:
+    the sniff and the reader of one file ask both)."""
+    return list(_parse_plain(text))
+
+
+@functools.lru_cache(maxsize=2)
+def _parse_plain(text: str) -> tuple[dict[str, Any], ...]:
     """The metric rows of a plain training-loop log, in file order: one dict per metric line
     (``step`` when it names one; eval metrics as ``eval/<key>``) and one per step for printed
     reward tensors (``reward``, ``reward_std``)."""
@@ -219,7 +227,7 @@ def parse_plain(text: str) -> list[dict[str, Any]]:
                 rows.append(row)
         offset = end
     flush()
-    return rows
+    return tuple(rows)
 
 
 # --- per-iteration prints without a step -----------------------------------------------------
@@ -271,6 +279,12 @@ def _histogram(body: str) -> tuple[float, float] | None:
 
 
 def parse_iterations(text: str) -> list[dict[str, Any]]:
+    """``_parse_iterations`` of ``text``, parsed once per text (the sniff and the reader)."""
+    return list(_parse_iterations(text))
+
+
+@functools.lru_cache(maxsize=2)
+def _parse_iterations(text: str) -> tuple[dict[str, Any], ...]:
     """The rows of a loop that prints its metrics each iteration without a step: one row per
     iteration, numbered 1, 2, 3, ... (``step``). An iteration ends where a training metric it
     has printed is printed again; eval lines (an eval word in the label) belong to the
@@ -310,8 +324,8 @@ def parse_iterations(text: str) -> list[dict[str, Any]]:
             current[name] = value
     close()
     if len(rows) < MIN_ITERATIONS:
-        return []
-    return rows + evals
+        return ()
+    return (*rows, *evals)
 
 
 def sniff_plain(text: str) -> bool:

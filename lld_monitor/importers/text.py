@@ -194,16 +194,19 @@ def console_steps(
     )
 
 
+_LABEL_WINDOW = 400  # characters before a dict that its label lies in
+
+
 def _label_steps(text: str, positions: Sequence[int]) -> list[int] | None:
     """The step each dict's label gives (``step 12: {...}``, or ``Step 12:`` alone on the line
     before the dict), when every dict has one and they never decrease; else None."""
     steps: list[int] = []
     for pos in positions:
-        line_start = text.rfind("\n", 0, pos) + 1
-        before = text[line_start:pos]
-        if not before.strip():  # (the dict starts its line: the label ends the line before)
-            prev = text.rfind("\n", 0, max(0, line_start - 1)) + 1
-            before = text[prev : max(prev, line_start - 1)]
+        # (a label is short: read from a window before the dict, as _bar_description does)
+        lines = text[max(0, pos - _LABEL_WINDOW) : pos].split("\n")
+        before = lines[-1]
+        if not before.strip() and len(lines) > 1:  # (the dict starts its line: the label
+            before = lines[-2]  # ends the line before)
         m = _DICT_LABEL_RE.search(_ANSI_RE.sub("", before))
         if m is None:
             return None

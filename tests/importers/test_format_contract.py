@@ -189,3 +189,35 @@ def test_triage_of_an_appended_log_reads_it_once_for_its_runs(tmp_path, monkeypa
     assert sorted(v.name for v in verdicts) == ["three.log [1]", "three.log [2]", "three.log [3]"]
     assert all(v.rows == 3 for v in verdicts)
     assert len(calls) == 2
+
+
+def test_a_folder_listing_does_not_parse_a_notebook_for_its_runs(monkeypatch):
+    """A notebook holds one run: listing it asks no format for runs (``Format.several``)."""
+    from lld_monitor.importers import formats
+    from lld_monitor.importers.load import runs_in_file
+
+    calls = []
+    real = formats.notebook_tables
+    monkeypatch.setattr(formats, "notebook_tables", lambda d: calls.append(1) or real(d))
+    assert runs_in_file(FIX / "notebook.ipynb") == []
+    assert calls == []
+
+
+def test_a_checkpoint_folder_parses_each_checkpoint_once_per_version(tmp_path, monkeypatch):
+    import shutil
+
+    from lld_monitor.importers import formats
+
+    shutil.copytree(SHAPES / "trl_checkpoints", tmp_path / "out")
+    formats._state_problem.cache_clear()
+    calls = []
+    real = formats._state_problem.__wrapped__
+    monkeypatch.setattr(
+        formats,
+        "_state_problem",
+        formats.functools.lru_cache(maxsize=64)(lambda *a: calls.append(a[0]) or real(*a)),
+    )
+    df = load_table(tmp_path / "out")  # detection and the folder's notes both ask
+    assert len(df) == 30
+    # checkpoint-40 (cut off) and checkpoint-30 (the one read), each parsed once
+    assert sorted(Path(c).parent.name for c in calls) == ["checkpoint-30", "checkpoint-40"]

@@ -259,13 +259,19 @@ class LevelShiftCollapse(Check):
         its rows are held to a short run's threshold (``p_false_short_run``: the rate at which
         a run that long of noise crosses) and floor margin (``floor_sd_short``)."""
         rw = columns.get(C.REWARD_MEAN)
-        if rw is not None and not self._rows:
-            self._short = int(np.isfinite(rw).sum()) <= GLR_SHORT_ROWS
+        if rw is None or self._rows:
+            return  # (a fresh check only: its rows are indexed from the first)
+        self._short = int(np.isfinite(rw).sum()) <= GLR_SHORT_ROWS
         if self._short:
             # a run that falls from its first rows is compared with them (GLR_SHORT_MIN_REF);
             # the replay's bound was taken with the long run's tests: not used (64 rows at most)
             self._level = LevelDrop(min_ref=GLR_SHORT_MIN_REF)
             self._bound = None
+
+    @property
+    def _in_short(self) -> bool:
+        """This row is judged as a short run's (a resumed run may go on past its horizon)."""
+        return self._short and self._rows <= GLR_SHORT_ROWS
 
     def end_replay(self) -> None:
         self._bound = None
@@ -377,7 +383,7 @@ class LevelShiftCollapse(Check):
         sd_row = self.noise_sd()
         if sd_row != sd_row:
             return None
-        if self._short and self._rows <= GLR_SHORT_ROWS:
+        if self._in_short:
             c = self.threshold_short_corroborated if corro else self.threshold_short
             floor_sd = cfg.floor_sd_short
         else:
@@ -475,12 +481,13 @@ class LevelShiftCollapse(Check):
         cfg = self.shift
         floor, start = self.floor, self.start_level
         change_step = self._level.steps[-length]
-        short = self._short and self._rows <= GLR_SHORT_ROWS
+        short = self._in_short
         per_fa = glr_rows_per_false_alarm(c, short=short)
+        p_run = glr_run_rate(c, short=short)
         rate = (
-            f"about one run in {1.0 / glr_run_rate(c, short=True):,.0f} of {GLR_SHORT_ROWS} rows "
-            f"of noise like this run's crosses it (the run's first {GLR_SHORT_ROWS} rows are held "
-            "to the threshold of a run that short)"
+            f"about one run in {1.0 / p_run:,.0f} of {GLR_SHORT_ROWS} rows of noise like this "
+            f"run's crosses it (a run of at most {GLR_SHORT_ROWS} rows is held to the threshold "
+            "of a run that short)"
             if short
             else f"about one false alarm per {per_fa:,.0f} rows of noise like this run's"
         )
@@ -510,7 +517,7 @@ class LevelShiftCollapse(Check):
             "threshold": _enc(c),
             "rows_per_false_alarm": _enc(per_fa),
             "threshold_for_rows": GLR_SHORT_ROWS if short else GLR_CAL_ROWS,
-            "p_false_run": _enc(glr_run_rate(c, short=short)),
+            "p_false_run": _enc(p_run),
             "reward_held": _enc(held),
             "reward_reference": _enc(ref),
             "reward_recent": _enc(recent),
