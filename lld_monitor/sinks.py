@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from lld_monitor import columns as C
+from lld_monitor.analysis.advice import ALERT_KINDS, actions, headline
 from lld_monitor.events import Alert
 
 if TYPE_CHECKING:
@@ -85,6 +86,20 @@ def _number(value: Any) -> float | int | None:
         except (ValueError, RuntimeError):  # not a one-element array
             return None
     return None
+
+
+def _do_now(alert: Alert) -> str:
+    """' (do now: the first suggested action)' for an alert that has one, else ''."""
+    todo = actions(alert) if alert.kind in ALERT_KINDS else ()
+    return f" (do now: {todo[0]})" if todo else ""
+
+
+def _said(alert: Alert) -> str:
+    """An alert's headline (which names its step) and what to do; an event of another kind:
+    'step N: ' and its own message."""
+    if alert.kind not in ALERT_KINDS:
+        return f"step {alert.step}: {alert.message}"
+    return headline(alert) + _do_now(alert)
 
 
 class Sink:
@@ -174,11 +189,10 @@ class ConsoleSink(Sink):
     def alert(self, alert: Alert) -> None:
         self._log(
             _LOG_LEVEL[alert.severity],
-            "lld_monitor %s alert at step %d: %s: %s",
+            "lld_monitor %s alert: %s: %s",
             alert.severity.upper(),
-            alert.step,
             alert.kind,
-            alert.message,
+            _said(alert),
         )
 
     def report_event(self, event: Alert, event_type: str) -> None:
@@ -295,7 +309,8 @@ class WandbSink(Sink):
         # W&B throttles alerts by title for wait_duration: the title names the kind, not the step.
         run.alert(
             title=f"lld_monitor {what}: {alert.kind}"[:63],
-            text=f"step {alert.step}: {alert.message}",
+            text=_said(alert)
+            + (f"\nevidence: {alert.message}" if alert.kind in ALERT_KINDS else ""),
             level=_WANDB_LEVEL[alert.severity],
             wait_duration=self.alert_wait_s,
         )
@@ -449,7 +464,9 @@ class WebhookSink(Sink):
         """The Slack text for a batch of alerts (plus a note of suppressed repeats)."""
         head = "*lld_monitor*" + (f" `{self.run_name}`" if self.run_name else "")
         lines = [
-            f"{head} {a.severity.upper()} {a.kind} at step {a.step}: {a.message}" for a in alerts
+            f"{head} {a.severity.upper()} {a.kind}"
+            + (f": {_said(a)}" if a.kind in ALERT_KINDS else f" at step {a.step}: {a.message}")
+            for a in alerts
         ]
         if self._suppressed:
             repeats = ", ".join(f"{k} {s} x{n}" for (k, s), n in sorted(self._suppressed.items()))

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from lld_monitor import columns as C
+from lld_monitor.analysis.advice import actions, headline
 from lld_monitor.events import Alert, make_event
 from lld_monitor.runlog import RunWriter, load_run
 from lld_monitor.sinks import (
@@ -33,6 +34,12 @@ from lld_monitor.sinks import (
 DECAY = Alert(40, "decay", "warning", "delta_correct -0.8 over 20 steps", {"slope": -0.04})
 COLLAPSE = Alert(90, "collapse", "critical", "grad_norm 12x its median", {"ratio": 12.0})
 INFO = Alert(50, "phase", "info", "phase decay -> healthy", {})
+
+
+def said(a: Alert) -> str:
+    """What a sink says of an alert: its headline (checked by hand in tests/analysis/
+    test_advice.py) and the first thing to do."""
+    return f"{headline(a)} (do now: {actions(a)[0]})"
 
 
 def test_every_sink_is_a_sink() -> None:
@@ -153,12 +160,12 @@ def test_console_sink_logs_alerts_events_and_summaries(caplog: pytest.LogCapture
         (
             "lld_monitor",
             logging.WARNING,
-            "lld_monitor WARNING alert at step 40: decay: delta_correct -0.8 over 20 steps",
+            f"lld_monitor WARNING alert: decay: {said(DECAY)}",
         ),
         (
             "lld_monitor",
             logging.CRITICAL,
-            "lld_monitor CRITICAL alert at step 90: collapse: grad_norm 12x its median",
+            f"lld_monitor CRITICAL alert: collapse: {said(COLLAPSE)}",
         ),
         ("lld_monitor", logging.INFO, "lld_monitor step 10: reward_mean=0.5"),  # NaN left out
         (
@@ -289,8 +296,13 @@ def test_wandb_sink_step_mode_logs_rows_and_raises_alerts(wandb_offline: Any) ->
         {"_step": 4, "lld/delta_correct": -1.25, "lld/llds_enabled": 1},
     ]
     assert _alerts(records) == [
-        ("lld_monitor alert: decay", "step 40: delta_correct -0.8 over 20 steps", "WARN", 60000),
-        ("lld_monitor intervention: llds_enable", "step 41: LLDS on (lambda=0.2)", "WARN", 60000),
+        ("lld_monitor alert: decay", f"{said(DECAY)}\nevidence: {DECAY.message}", "WARN", 60000),
+        (
+            "lld_monitor intervention: llds_enable",
+            "step 41: LLDS on (lambda=0.2)",
+            "WARN",
+            60000,
+        ),
     ]
 
 
@@ -314,7 +326,12 @@ def test_wandb_sink_metric_mode_uses_the_active_run(wandb_offline: Any) -> None:
     }
     assert metrics.get("m/*") == "m/step"
     assert _alerts(records) == [
-        ("lld_monitor alert: collapse", "step 90: grad_norm 12x its median", "ERROR", 5000)
+        (
+            "lld_monitor alert: collapse",
+            f"{said(COLLAPSE)}\nevidence: {COLLAPSE.message}",
+            "ERROR",
+            5000,
+        )
     ]
 
 
@@ -386,7 +403,7 @@ def test_webhook_posts_slack_json(hook_server: tuple[str, list]) -> None:
         (
             "/services/T0/B0/secret",
             "application/json",
-            {"text": f"*lld_monitor* `exp1` WARNING decay at step 40: {DECAY.message}"},
+            {"text": f"*lld_monitor* `exp1` WARNING decay: {said(DECAY)}"},
         )
     ]
     assert (sink.n_posts, sink.n_failed) == (1, 0)
@@ -406,18 +423,24 @@ def test_webhook_dedupes_and_rate_limits(hook_server: tuple[str, list]) -> None:
     clock.now += 51  # t=1061: 61 s since the last POST
     sink.log_row(47, {})  # the held alert goes out, with the repeat count
     assert [r[2]["text"] for r in received] == [
-        "*lld_monitor* WARNING decay at step 40: delta_correct -0.8 over 20 steps",
-        "*lld_monitor* WARNING stagnation at step 45: logp_correct flat, reward up\n"
+        f"*lld_monitor* WARNING decay: {said(DECAY)}",
+        "*lld_monitor* WARNING stagnation: LLD Phase I (stagnation) at step 45: logp_correct flat, "
+        f"reward up (do now: {actions(DECAY)[0]})\n"
         "(repeats suppressed since the last message: decay warning x1)",
     ]
     clock.now += 1
     sink.alert(COLLAPSE)  # critical: sent at once despite the rate limit
-    assert received[-1][2]["text"].startswith("*lld_monitor* CRITICAL collapse at step 90")
+    assert received[-1][2]["text"].startswith(
+        "*lld_monitor* CRITICAL collapse: Collapse (Phase III) at step 90"
+    )
     clock.now += 1
     sink.alert(DECAY)  # 62 s after the first decay: no longer a duplicate, but rate-limited
     assert len(received) == 3
     sink.close()  # close sends what is held
-    assert len(received) == 4 and "decay at step 40" in received[-1][2]["text"]
+    assert (
+        len(received) == 4
+        and "decay: LLD Phase II (steady decay) at step 40" in received[-1][2]["text"]
+    )
     assert (sink.n_posts, sink.n_suppressed, sink.n_failed) == (4, 1, 0)
 
 
@@ -429,7 +452,9 @@ def test_webhook_without_dedupe_still_rate_limits(hook_server: tuple[str, list])
     sink.alert(DECAY)
     sink.alert(DECAY)
     sink.close()
-    assert [r[2]["text"].count("decay at step 40") for r in received] == [1, 2]
+    assert [
+        r[2]["text"].count("decay: LLD Phase II (steady decay) at step 40") for r in received
+    ] == [1, 2]
 
 
 def test_webhook_failures_and_timeouts_are_logged_not_raised(

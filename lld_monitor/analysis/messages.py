@@ -28,6 +28,7 @@ def fmt(v: float) -> str:
 
 
 def _failure(step: int, kind: str, msg: str, held: float, ev: dict[str, Any], llds: str) -> Alert:
+    ev = {**ev, "held_steps": _enc(held)}
     return Alert(step, kind, "warning", f"{msg} (for {held:.0f} steps); {llds}", ev)
 
 
@@ -50,7 +51,7 @@ def nonfinite_alert(
     if bad_loss:
         what.append(f"loss={loss}")
     if bad_grad:
-        what.append(f"grad_norm={g} ({rows} rows in a row)")
+        what.append(f"grad_norm={g} ({rows} row{'' if rows == 1 else 's'} in a row)")
     return Alert(
         step,
         "nonfinite",
@@ -227,9 +228,13 @@ def phase_evidence(s: Signals, trend_level: int) -> dict[str, Any]:
     return ev
 
 
-def phase_alert(step: int, old: str, phase: str, ev: dict[str, Any]) -> Alert:
+def phase_alert(
+    step: int, old: str, phase: str, ev: dict[str, Any], *, reward_told: bool = False
+) -> Alert:
     """The alert announcing entry into ``phase`` from ``old``, with its evidence in words and
-    numbers (``ev``: ``phase_evidence``)."""
+    numbers (``ev``: ``phase_evidence``). ``reward_told``: the reward's fall is told by the
+    level shift the alert is merged with, so the peak-based reward clause is left out (the two
+    measure it differently and would read as a contradiction)."""
     evidence = {k: (_enc(v) if isinstance(v, float) else v) for k, v in ev.items()}
     evidence["phase_from"] = old
     evidence["phase_to"] = phase
@@ -270,7 +275,7 @@ def phase_alert(step: int, old: str, phase: str, ev: dict[str, Any]) -> Alert:
             (
                 "reward_fall",
                 f"reward {100 * ev['reward_fall_frac']:.0f}% below its peak {ev['reward_peak']:.3f}"
-                if math.isfinite(ev.get("reward_fall_frac", _NAN))
+                if math.isfinite(ev.get("reward_fall_frac", _NAN)) and not reward_told
                 else "",
             ),
         ):

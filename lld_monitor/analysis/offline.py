@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from lld_monitor import columns as C
+from lld_monitor.analysis.advice import alert_record, merge_repeats
 from lld_monitor.analysis.detector import INPUT_COLUMNS, DetectorConfig, PhaseDetector
 from lld_monitor.events import Alert
 from lld_monitor.runlog.reader import one_row_per_step, strictly_increasing
@@ -55,12 +56,12 @@ class Analysis:
 
     def to_dict(self) -> dict[str, Any]:
         """Exactly ``{"phases", "alerts", "collapse_step", "collapse", "signals": {"used",
-        "missing"}}`` (``collapse``: ``collapse_numbers``)."""
+        "missing"}}`` (``collapse``: ``collapse_numbers``; each alert: ``advice.alert_record``
+        without its evidence, which ``analyze --json`` adds)."""
         return {
             "phases": [s.to_dict() for s in self.phases],
             "alerts": [
-                {"step": a.step, "kind": a.kind, "severity": a.severity, "message": a.message}
-                for a in self.alerts
+                {k: v for k, v in alert_record(a).items() if k != "evidence"} for a in self.alerts
             ],
             "collapse_step": self.collapse_step,
             "collapse": collapse_numbers(self),
@@ -294,7 +295,8 @@ def analyze_run(
     ``refine=False`` keeps the segment boundaries where the online detector became sure; with
     refinement, at most ``MAX_REFINEMENTS`` escalations get a change-point boundary.
     ``progress(rows done, rows)``: called as the rows are replayed (``replay``). ``fork``:
-    ``replay``'s (False: stay in this process; the same answer).
+    ``replay``'s (False: stay in this process; the same answer). The alerts are the replay's
+    with repeats of one kind merged (``advice.merge_repeats``: a count, no step lost).
     """
     df = prepare_steps(load_steps(obj))
     det = PhaseDetector(config)
@@ -318,7 +320,7 @@ def analyze_run(
     ]
     return Analysis(
         phases=segs,
-        alerts=alerts,
+        alerts=merge_repeats(alerts),
         collapse_step=_collapse_step(df, segs),
         signals_used=det.signals_used,
         signals_missing=det.signals_missing,

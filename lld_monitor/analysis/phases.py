@@ -92,8 +92,9 @@ class PhaseMachine:
         if target > cur:
             new = BY_RANK[target]
             ev = messages.phase_evidence(s, trend_level)
-            alert = messages.phase_alert(istep, self.phase, new, ev)
-            if shift is not None and new == "collapse":  # both on one row: one alert
+            told = shift is not None and new == "collapse"
+            alert = messages.phase_alert(istep, self.phase, new, ev, reward_told=told)
+            if told:  # both on one row: one alert
                 alert = messages.level_shift_phase_alert(
                     istep, self.phase, shift, s, trend_level, alert
                 )
@@ -107,9 +108,8 @@ class PhaseMachine:
         elif shift is not None and cur < 3:
             lld = None
             if C.LOGP_CORRECT in s.seen:
-                lld = messages.phase_alert(
-                    istep, self.phase, "collapse", messages.phase_evidence(s, trend_level)
-                )
+                ev = messages.phase_evidence(s, trend_level)
+                lld = messages.phase_alert(istep, self.phase, "collapse", ev, reward_told=True)
             alerts.append(
                 messages.level_shift_phase_alert(istep, self.phase, shift, s, trend_level, lld)
             )

@@ -12,15 +12,18 @@ import numpy as np
 import pandas as pd
 
 from lld_monitor import columns as C
+from lld_monitor.analysis.advice import actions, alert_record, headline
 from lld_monitor.importers import FORMATS, ImportFormatError, load_table
 from lld_monitor.runlog import table_story
 
+#: ``--json``'s ``schema_version``: 2 since each alert has headline, since_step, actions, repeats.
+JSON_SCHEMA_VERSION = 2
 #: ``--fail-on`` choices; an alert fails the run when its severity ranks at least as high
 FAIL_ON: tuple[str, ...] = ("warning", "critical")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register PATH, --json, --run, --html, --fail-on and --jobs."""
+    """Register PATH, --json, --run, --details, --html, --fail-on and --jobs."""
     parser.add_argument(
         "path",
         help="run folder, CSV/Parquet/JSONL table, trainer_state.json, console or notebook log, "
@@ -37,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="one run of a file that holds several: a log with runs appended one after another "
         "(1 = the first in the file; analysing the file lists them), a W&B export's run by name, "
         "or a notebook's training table by number (default there: the last with a reward)",
+    )
+    parser.add_argument(
+        "--details",
+        action="store_true",
+        help="under each alert, every suggested action and the evidence behind it (the "
+        "default: its one-line headline and the first thing to do)",
     )
     parser.add_argument(
         "--html", metavar="OUT", help="write a self-contained HTML report (plotly) to OUT"
@@ -130,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(json_result(df, analysis)))
     else:
-        print(summary_text(df, analysis))
+        print(summary_text(df, analysis, details=getattr(args, "details", False)))
     if args.fail_on is not None and failing_alerts(analysis, args.fail_on):
         return 1
     return 0
@@ -163,8 +172,9 @@ def failing_alerts(analysis: Any, fail_on: str) -> list[Any]:
     return [a for a in analysis.alerts if rank.get(a.severity, -1) >= least]
 
 
-def summary_text(df: pd.DataFrame, analysis: Any) -> str:
-    """The human-readable summary: format, steps, phases, alerts, collapse, signals."""
+def summary_text(df: pd.DataFrame, analysis: Any, *, details: bool = False) -> str:
+    """The human-readable summary: format, steps, phases, alerts, collapse, signals. Each alert
+    is its headline and the first thing to do; ``details``: every action and the evidence."""
     fmt = df.attrs.get("source_format", "?")
     lines = [
         f"source:   {df.attrs.get('source_path', '?')}",
@@ -185,7 +195,13 @@ def summary_text(df: pd.DataFrame, analysis: Any) -> str:
     alerts = list(analysis.alerts)
     lines.append(f"alerts:   {len(alerts)}")
     for a in alerts:
-        lines.append(f"  step {a.step} [{a.severity}] {a.kind}: {a.message}")
+        lines.append(f"  step {a.step} [{a.severity}] {a.kind}: {headline(a)}")
+        todo = actions(a)
+        if todo:
+            lines.append(f"    do now: {todo[0]}")
+        if details:
+            lines += [f"    then:   {t}" for t in todo[1:]]
+            lines.append(f"    why:    {a.message}")
     lines.append(f"collapse: {collapse_line(analysis)}")
     lines.append(f"signals used:    {', '.join(analysis.signals_used) or 'none'}")
     lines.append(f"signals missing: {', '.join(analysis.signals_missing) or 'none'}")
@@ -208,17 +224,9 @@ def json_result(df: pd.DataFrame, analysis: Any) -> dict[str, Any]:
     """The ``--json`` object: the analysis plus what the text says about the input."""
     out = analysis.to_dict()
     # every alert with the numbers behind it (a CI script need not parse the message)
-    out["alerts"] = [
-        {
-            "step": a.step,
-            "kind": a.kind,
-            "severity": a.severity,
-            "message": a.message,
-            "evidence": _plain_json(a.evidence),
-        }
-        for a in analysis.alerts
-    ]
+    out["alerts"] = [_plain_json(alert_record(a)) for a in analysis.alerts]
     return {
+        "schema_version": JSON_SCHEMA_VERSION,
         **out,
         "source": str(df.attrs.get("source_path", "")),
         "format": df.attrs.get("source_format"),

@@ -157,6 +157,8 @@ class Marker:
     severity: str
     message: str
     source: str = "run log"  # "run log" (fired live) or "analyzer" (post hoc)
+    headline: str = ""  # an alert's one line (analysis.advice.headline); "" for other events
+    actions: tuple[str, ...] = ()  # an alert's "what to do now" (analysis.advice.actions)
 
 
 @dataclass(frozen=True)
@@ -178,8 +180,19 @@ def from_analysis(
         Band(str(s.phase), float(s.start_step), float(s.end_step))
         for s in getattr(analysis, "phases", None) or ()
     )
+    from lld_monitor.analysis.advice import actions, headline
+
     markers = tuple(
-        Marker(float(a.step), "alert", str(a.kind), str(a.severity), str(a.message), "analyzer")
+        Marker(
+            float(a.step),
+            "alert",
+            str(a.kind),
+            str(a.severity),
+            str(a.message),
+            "analyzer",
+            headline(a),
+            actions(a),
+        )
         for a in getattr(analysis, "alerts", None) or ()
     )
     return RunSeries(name, steps, bands, markers, color)

@@ -78,9 +78,14 @@ def _summary_html(df: pd.DataFrame, analysis: Any) -> str:
         lines.append("<p>notes:<br>" + "<br>".join(html.escape(str(n)) for n in notes) + "</p>")
     alerts = list(getattr(analysis, "alerts", []) or [])
     if alerts:
+        from lld_monitor.analysis.advice import actions, headline
+
         items = "".join(
-            f"<li>step {a.step} [{html.escape(a.severity)}] {html.escape(a.kind)}: "
-            f"{html.escape(a.message)}</li>"
+            f'<li class="lld-alert">step {a.step} [{html.escape(a.severity)}] '
+            f"{html.escape(a.kind)}: {html.escape(headline(a))}"
+            "<details><summary>what to do now, and the evidence</summary><ol>"
+            + "".join(f"<li>{html.escape(t)}</li>" for t in actions(a))
+            + f"</ol><p>{html.escape(a.message)}</p></details></li>"
             for a in alerts
         )
         lines.append(f"<ul>{items}</ul>")

@@ -348,14 +348,18 @@ class RunReader(_RunFiles):
         return _events_frame(records)
 
 
-def run_story(run: Run) -> list[str]:
+def run_story(run: Run | RunReader, events: pd.DataFrame | None = None, rows: int = 0) -> list[str]:
     """What the run's own logs say happened besides its metrics, a line each, in step order:
     the interventions (LLDS switched on or off, and why), the monitor's warnings and errors
     (lifecycle warnings such as "LLDS is identically zero", monitor errors), resumes, and the
     ending: closed (its outcome), crashed or killed (no ``closed.json``; an end event or none),
-    with the rows against what ``closed.json`` counts (a torn or short tail)."""
+    with the rows against what ``closed.json`` counts (a torn or short tail). A ``RunReader``
+    (a followed run) brings its ``events`` and ``rows`` read so far."""
     lines: list[str] = []
-    ev = run.events
+    if isinstance(run, Run):
+        ev, rows, info = run.events, len(run.steps), run.closed_info
+    else:
+        ev, info = (events if events is not None else _events_frame([])), _read_closed(run.path)
     if len(ev):
         for rec in ev.to_dict("records"):
             kind, typ = str(rec.get(C.EVENT_KIND)), str(rec.get(C.EVENT_TYPE))
@@ -372,9 +376,7 @@ def run_story(run: Run) -> list[str]:
     ended = len(ev) and bool(
         ((ev[C.EVENT_TYPE] == "lifecycle") & (ev[C.EVENT_KIND] == "end")).any()
     )
-    info = run.closed_info
-    rows = len(run.steps)
-    if run.finished and info is not None:
+    if info is not None and info.get("closed"):
         outcome = info.get("outcome", "?")
         lost = int(info.get("rows_lost") or 0)
         line = f"ending: closed ({outcome}), {rows} rows"

@@ -60,7 +60,8 @@ def test_to_dict_has_exactly_the_json_schema():
     seg = next(p for p in d["phases"] if p["phase"] == "collapse")
     assert d["collapse"]["phase_start"] == seg["start_step"] <= d["collapse_step"]
     assert all(set(p) == {"phase", "start_step", "end_step"} for p in d["phases"])
-    assert all(set(x) == {"step", "kind", "severity", "message"} for x in d["alerts"])
+    keys = {"step", "kind", "severity", "headline", "since_step", "actions", "message", "repeats"}
+    assert all(set(x) == keys for x in d["alerts"])
     assert set(d["signals"]) == {"used", "missing"}
     assert isinstance(d["collapse_step"], int)
     assert all(p["phase"] in C.PHASES for p in d["phases"])

@@ -21,7 +21,9 @@ def _alert(a) -> dict:
         "kind": a.kind,
         "severity": a.severity,
         "message": a.message,
-        "evidence": a.evidence,
+        # (the held conditions' alerts name their hold in the evidence since issue 50; the
+        # version-1 fixture predates it)
+        "evidence": {k: v for k, v in a.evidence.items() if k != "held_steps"},
     }
 
 

@@ -68,7 +68,9 @@ def test_json_is_one_object_with_exactly_the_schema_keys(name, capsys):
     out = capsys.readouterr().out
     assert out.count("\n") == 1  # exactly one JSON object on one line
     doc = json.loads(out)
+    assert doc["schema_version"] == 2
     assert set(doc) == {
+        "schema_version",
         *("phases", "alerts", "collapse_step", "collapse", "signals"),  # Analysis.to_dict()
         *("source", "format", "other_sources", "rows", "first_step", "last_step"),  # as the text
         *("step_source", "step_note", "notes", "story", "unmapped_columns"),
@@ -81,7 +83,10 @@ def test_json_is_one_object_with_exactly_the_schema_keys(name, capsys):
         assert set(seg) == {"phase", "start_step", "end_step"}
         assert seg["phase"] in C.PHASES
     for alert in doc["alerts"]:
-        assert set(alert) == {"step", "kind", "severity", "message"}
+        assert set(alert) == {
+            *("step", "kind", "severity", "headline", "since_step", "actions", "message"),
+            *("evidence", "repeats"),
+        }
         assert alert["severity"] in C.SEVERITIES
     assert doc["collapse_step"] is None or isinstance(doc["collapse_step"], int)
     assert set(doc["collapse"]) == {"reward_fell", "phase_start", "alert"}

@@ -451,6 +451,49 @@ def test_header_names_the_worst_alert_and_the_collapse_numbers(
     assert "Collapse: the reward fell below half its peak at step 73" in text
 
 
+def test_header_tells_the_switch_the_story_and_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stored automatic-LLDS run: the LLDS cell says when auto_llds switched it on (it said
+    'on' alone, and 'off' before the switch); the story names the intervention and the run's
+    ending; the worst alert is its one-line headline, with what to do under it."""
+    import shutil
+    import time
+
+    src = ROOT_DIR / "sample_runs" / "auto" / "s1-small-32upd-lr3e-3-seed0-auto"
+    shutil.copytree(src, tmp_path / "auto")
+    at = make_app(monkeypatch, tmp_path / "auto").run()
+    for _ in range(40):  # the analysis runs in the background; a rerun collects it
+        text = all_text(at).replace("\\", "")
+        if "Worst alert**  \nnone" not in text:
+            break
+        time.sleep(0.25)
+        at.run()
+    assert not at.exception
+    assert "**LLDS**  \non, λ = 0.2 (switched on at step 14)" in text
+    assert "step 14: intervention llds_enable: LLDS switched on (lambda=0.2)" in text
+    assert "ending: closed (ok), 400 rows" in text
+    worst = next(ln for ln in text.split("**Worst alert**  \n")[1].splitlines())
+    assert len(worst) < 250 and "z =" not in worst  # a headline, not the evidence
+    labels = [e.label for e in at.expander]
+    assert any(lb.startswith("What to do now") for lb in labels), labels
+    assert any(m.value.startswith("1. ") for m in at.markdown)
+
+
+def test_an_armed_auto_llds_run_is_not_just_off(tmp_path: Path) -> None:
+    """A run with auto_llds armed and LLDS still off says so, with the kinds it waits for."""
+    w = RunWriter(
+        tmp_path / "armed",
+        meta={"config": {"auto_llds": True, "auto_llds_on": ["displacement", "decay"]}},
+    )
+    for s in range(1, 4):
+        w.log_step({**step_row(s), C.LLDS_ENABLED: 0, C.LLDS_LAMBDA: 0.0})
+    w.close()
+    live = sources.LiveRun(sources.Target("armed", tmp_path / "armed", "run"))
+    live.refresh()
+    assert live.header(60.0).llds == "off, armed (auto_llds: on at displacement, decay)"
+
+
 def test_broken_and_odd_runs_never_take_the_page_down(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

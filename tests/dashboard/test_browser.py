@@ -81,6 +81,16 @@ def live_run(tmp_path: Path) -> Iterator[tuple[Path, RunWriter]]:
     for s in range(30):
         w.log_step(_row(s))
     w.log_event(make_event("alert", 25, "stagnation", "logp of correct responses flat", "warning"))
+    w.log_event(
+        make_event(
+            "intervention",
+            26,
+            "llds_enable",
+            "LLDS switched on (lambda=0.2) by auto_llds on a stagnation alert at step 25",
+            "info",
+            {"enabled": 1, "lam": 0.2},
+        )
+    )
     tokens = [
         ("<search>", 0, 1, -0.6),
         ("capital", 0, 1, 0.3),
@@ -192,6 +202,15 @@ def test_dashboard_in_chromium(server: str, live_run: tuple[Path, RunWriter]) ->
         assert page.get_by_role("button", name="Deploy").count() == 0
         assert "exp1 · events" in names
         assert page.locator(".js-plotly-plot .main-svg").count() > 0
+        # the run's story: automatic LLDS's switch, told under the header (issue 50)
+        page.get_by_text("The run's story").click()
+        page.get_by_text("step 26: intervention llds_enable: LLDS switched on").wait_for(
+            timeout=30_000
+        )
+        page.get_by_text("ending: not closed").wait_for(timeout=30_000)  # (the writer is open)
+        # the worst alert: its headline, what to do under it
+        page.get_by_text("What to do now").click()
+        page.get_by_text("switch LLDS on at lambda 0.2", exact=False).first.wait_for(timeout=30_000)
 
         # appending rows to the run log: the new step appears without reloading the page
         for s in range(30, 36):

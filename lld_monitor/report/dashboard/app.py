@@ -164,6 +164,16 @@ def render_header(live: sources.LiveRun, color: str, stale_s: float) -> None:
         cols[2].markdown(f"**LLDS**  \n{md(h.llds)}")
         cols[3].markdown(f"**Steps seen**  \n{md(h.steps_seen)}")
         cols[4].markdown(f"**Last update**  \n{md(h.last_update)}")
+        if h.alert_actions or h.alert_evidence:
+            with st.expander("What to do now, and the evidence behind the worst alert"):
+                for i, todo in enumerate(h.alert_actions):
+                    st.markdown(f"{i + 1}. {md(todo)}")
+                if h.alert_evidence:
+                    st.caption("Evidence: " + md(h.alert_evidence))
+        if h.story:
+            with st.expander("The run's story: interventions, warnings, its ending"):
+                for line in h.story:
+                    st.markdown("- " + md(line))
         if h.collapse:
             st.caption("Collapse: " + md(h.collapse))
         if h.signals_missing:

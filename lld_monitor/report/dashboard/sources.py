@@ -14,7 +14,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import pandas as pd
 
 from lld_monitor import columns as C
 from lld_monitor import runlog
+from lld_monitor.events import Alert
 from lld_monitor.report.charts import Band, Marker
 from lld_monitor.report.dashboard import service
 from lld_monitor.report.dashboard.service import _stat_key
@@ -211,6 +212,9 @@ class Header:
     signals_missing: tuple[str, ...] = ()
     latest_alert: str = ""  # the latest alert, when it is not the worst one
     collapse: str = ""  # the collapse numbers, each named (analysis.offline.collapse_text)
+    alert_actions: tuple[str, ...] = ()  # the worst alert's "what to do now"
+    alert_evidence: str = ""  # the worst alert's message: the numbers behind it, in words
+    story: tuple[str, ...] = ()  # the run's own story (runlog.run_story); () for a foreign log
 
 
 @dataclass
@@ -417,11 +421,17 @@ class LiveRun:
     def markers(self) -> tuple[Marker, ...]:
         """Logged events (alerts, interventions, phases, errors) plus the analyzer's alerts
         (``charts.from_analysis``) that were not logged."""
-        logged = [
-            Marker(e["step"], e["type"], e["kind"], e["severity"], e["message"], "run log")
-            for e in self._event_records(None)
-            if e["type"] != "lifecycle"
-        ]
+        from lld_monitor.analysis.advice import actions, headline
+
+        logged = []
+        for e in self._event_records(None):
+            if e["type"] == "lifecycle":
+                continue
+            m = Marker(e["step"], e["type"], e["kind"], e["severity"], e["message"], "run log")
+            if e["type"] == "alert":
+                a = Alert(int(e["step"]), m.kind, m.severity, m.message, e["evidence"])
+                m = replace(m, headline=headline(a), actions=actions(a))
+            logged.append(m)
         seen = {(m.step, m.kind) for m in logged if m.type == "alert"}
         logged += [m for m in self._analysed().markers if (m.step, m.kind) not in seen]
         return tuple(sorted(logged, key=lambda m: m.step))
@@ -450,6 +460,9 @@ class LiveRun:
                     "kind": str(rec.get(C.EVENT_KIND, "")),
                     "severity": str(rec.get(C.EVENT_SEVERITY) or "info"),
                     "message": str(rec.get(C.EVENT_MESSAGE) or ""),
+                    "evidence": ev_dict
+                    if isinstance(ev_dict := rec.get(C.EVENT_EVIDENCE), dict)
+                    else {},
                 }
             )
         return out
@@ -470,10 +483,14 @@ class LiveRun:
             phase_source += " (updating)"
         alerts = [m for m in self.markers() if m.type == "alert"]
         last_alert, latest_alert = "none", ""
+        todo: tuple[str, ...] = ()
+        why = ""
         if alerts:
             rank = {s: i for i, s in enumerate(C.SEVERITIES)}
             worst = max(alerts, key=lambda m: (rank.get(m.severity, 0), m.step))
-            last_alert = f"{worst.kind} ({worst.severity}) at step {worst.step:g}: {worst.message}"
+            said = worst.headline or worst.message
+            last_alert = f"{worst.kind} ({worst.severity}) at step {worst.step:g}: {said}"
+            todo, why = worst.actions, worst.message
             latest = max(alerts, key=lambda m: m.step)
             if latest is not worst:
                 latest_alert = f"{latest.kind} ({latest.severity}) at step {latest.step:g}"
@@ -500,17 +517,44 @@ class LiveRun:
             signals_missing=tuple(getattr(self.analysis, "signals_missing", None) or ()),
             latest_alert=latest_alert,
             collapse=collapse,
+            alert_actions=todo,
+            alert_evidence=why,
+            story=tuple(self.story()),
         )
+
+    def story(self) -> list[str]:
+        """The run's own story (interventions, warnings, resumes, its ending:
+        ``runlog.run_story``) for an lld_monitor run; [] for a foreign log or none read."""
+        if self._run is None:
+            return []
+        from lld_monitor.runlog import run_story
+
+        try:
+            return run_story(self._run, self.events, self.n_rows)
+        except (OSError, ValueError) as exc:
+            return [f"the run's events could not be read: {_one_line(exc)}"]
 
     def _llds_text(self) -> str:
         steps = self.steps
         if C.LLDS_ENABLED not in steps or steps[C.LLDS_ENABLED].notna().sum() == 0:
             return "not logged"
         enabled = steps[C.LLDS_ENABLED].dropna().iloc[-1]
+        config = self.meta.get("config") if isinstance(self.meta.get("config"), dict) else {}
         if not enabled:
+            if config.get("auto_llds"):
+                kinds = ", ".join(config.get("auto_llds_on") or ()) or "an alert"
+                return f"off, armed (auto_llds: on at {kinds})"
             return "off"
         lam = steps[C.LLDS_LAMBDA].dropna() if C.LLDS_LAMBDA in steps else pd.Series(dtype=float)
-        return f"on, λ = {lam.iloc[-1]:g}" if len(lam) else "on"
+        on = f"on, λ = {lam.iloc[-1]:g}" if len(lam) else "on"
+        switched = [
+            e
+            for e in self._event_records("intervention")
+            if e["kind"] in ("llds_enable", "llds_disable")
+        ]
+        if switched and switched[-1]["kind"] == "llds_enable":
+            on += f" (switched on at step {switched[-1]['step']:g})"
+        return on
 
     # --- drill-down ------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ def test_fires_after_ten_steps_and_rearms(cfg, feed):
     a = fed[35][1][0]
     assert (a.kind, a.severity) == ("dead_signal", "warning")
     assert a.message.endswith("(for 10 steps); not a sign of LLD")
-    assert a.evidence == {"frac_zero_std_groups": 1.0, "reward_std": None}
+    assert a.evidence == {"frac_zero_std_groups": 1.0, "reward_std": None, "held_steps": 10.0}
 
 
 def test_dead_from_the_start_counts_from_the_warm_up(cfg, feed):

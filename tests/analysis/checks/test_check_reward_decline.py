@@ -39,6 +39,7 @@ def test_fires_after_a_quarter_of_its_window_with_the_fit_in_words(cfg):
         "reward_end": 0.3,
         "reward_t": -8.0,
         "window_steps": 200.0,
+        "held_steps": 50.0,
     }
 
 

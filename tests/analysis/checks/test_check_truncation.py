@@ -13,7 +13,7 @@ def test_sparse_log_fires_after_ten_steps(cfg, feed):
     fed, _ = feed(Truncation(cfg), rows)
     assert [s for s, alerts in fed if alerts] == [50]
     a = fed[5][1][0]
-    assert a.evidence == {"frac_truncated": 0.9, "rows": 6}
+    assert a.evidence == {"frac_truncated": 0.9, "rows": 6, "held_steps": 10.0}
     assert a.message.startswith("90% of completions cut at the length cap")
 
 
