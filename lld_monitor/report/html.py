@@ -28,13 +28,49 @@ def build_figure(df: pd.DataFrame, analysis: Any, title: str = "lld_monitor repo
         raise ValueError(f"the table has no {C.STEP!r} column: load it with importers.load_table")
     name = str(getattr(df, "attrs", {}).get("source_path", "run"))
     name = Path(name).name or name
+    series = charts.from_analysis(name, df, analysis)
+    logged = _logged_markers(df)
+    if logged:  # (an lld_monitor run: its interventions as stars, its errors, on the strip)
+        markers = sorted((*series.markers, *logged), key=lambda m: m.step)
+        series = charts.RunSeries(series.name, series.steps, series.bands, tuple(markers))
     return charts.build_figure(
-        [charts.from_analysis(name, df, analysis)],
+        [series],
         ema_weight=0.0,
         max_points=REPORT_MAX_POINTS,
         title=title,
         collapse_steps=[getattr(analysis, "collapse_step", None)],
     )
+
+
+def _logged_markers(df: pd.DataFrame) -> list[Any]:
+    """The interventions and errors an lld_monitor run folder logged (``events.jsonl``), as the
+    dashboard marks them; [] for a foreign log or a run whose events cannot be read."""
+    from lld_monitor.report.charts import Marker
+    from lld_monitor.runlog import load_run
+
+    path = Path(str(df.attrs.get("source_path", "")))
+    if df.attrs.get("source_format") != "lld_run" or not path.is_dir():
+        return []
+    try:
+        ev = load_run(path).events
+    except (OSError, ValueError):
+        return []
+    out = []
+    for rec in ev.to_dict("records") if len(ev) else []:
+        step, typ = rec.get(C.EVENT_STEP), str(rec.get(C.EVENT_TYPE))
+        if typ in ("intervention", "error") and step is not None and step == step:
+            sev = str(rec.get(C.EVENT_SEVERITY) or "info")
+            out.append(
+                Marker(
+                    float(step),
+                    typ,
+                    str(rec.get(C.EVENT_KIND)),
+                    sev,
+                    str(rec.get(C.EVENT_MESSAGE) or ""),
+                    "run log",
+                )
+            )
+    return out
 
 
 def write_report(

@@ -137,3 +137,22 @@ def test_the_html_report_tells_the_story(tmp_path, capsys):
     ts = ROOT / "tests" / "fixtures" / "importers" / "trainer_state.json"
     assert main(["analyze", str(ts), "--html", str(foreign)]) == 0
     assert "lld-story" not in foreign.read_text()
+
+
+def test_the_html_reports_figure_stars_the_intervention():
+    """The switch of automatic LLDS is a star on the phase strip at its step (the dashboard's
+    marker for an intervention); a foreign log's figure has no star."""
+    from lld_monitor.analysis import analyze_run
+    from lld_monitor.importers import load_table
+    from lld_monitor.report.html import build_figure
+
+    df = load_table(AUTO)
+    fig = build_figure(df, analyze_run(df))
+    events = next(t for t in fig.data if (t.name or "").endswith("events"))
+    stars = [x for x, s in zip(events.x, events.marker.symbol) if s == "star"]
+    assert list(stars) == [14.0]
+    ts = load_table(ROOT / "tests" / "fixtures" / "importers" / "trainer_state.json")
+    fig2 = build_figure(ts, analyze_run(ts))
+    assert not any(
+        "star" in (t.marker.symbol or ()) for t in fig2.data if (t.name or "").endswith("events")
+    )
