@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[test]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[trl,test]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -29,7 +29,7 @@ $(VERL_STAMP): pyproject.toml
 	test -x $(VERL_PY) || python3 -m venv $(VERL_VENV)
 	$(VERL_PY) -m pip install -q --upgrade pip
 	$(VERL_PY) -m pip install -q $(TORCH_SPEC)
-	$(VERL_PY) -m pip install -q -e '.[test,verl]' fastapi
+	$(VERL_PY) -m pip install -q -e '.[trl,test,verl]' fastapi
 	# verl's v1 trainer (main_ppo's default) imports these without declaring them; the live
 	# monitor's trainer subclass (lld_monitor.integrations.verl_trainer) needs them to import
 	$(VERL_PY) -m pip install -q TransferQueue==0.1.11 cachetools

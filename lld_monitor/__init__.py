@@ -68,12 +68,41 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [*sorted(_EXPORTS), "__version__"]
 
+#: The training stack a log-analysis install leaves out, and the extra that brings each.
+TRAINING_EXTRAS: dict[str, str] = {
+    "torch": "torch",
+    "transformers": "transformers",
+    "accelerate": "transformers",
+    "trl": "trl",
+}
+
+
+def missing_extra_hint(exc: ImportError, extra: str | None = None) -> str | None:
+    """For an ImportError of the training stack: what to install ("pip install
+    'lld_monitor[torch]'", or ``extra`` where the caller knows it needs more); None for any
+    other ImportError."""
+    top = (getattr(exc, "name", None) or "").split(".")[0]
+    if top not in TRAINING_EXTRAS:
+        return None
+    extra = extra or TRAINING_EXTRAS[top]
+    return (
+        f"{top} is not installed: this part of lld_monitor trains or hooks a model; install it "
+        f"with pip install 'lld_monitor[{extra}]' (log analysis, reports and the dashboard "
+        "need none of it)"
+    )
+
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'lld_monitor' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:  # (a subpackage may import lazily too: the getattr is inside)
+        value = getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        hint = missing_extra_hint(exc)
+        if hint is None:
+            raise
+        raise ModuleNotFoundError(f"lld_monitor.{name}: {hint}", name=exc.name) from exc
     globals()[name] = value
     return value
 

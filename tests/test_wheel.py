@@ -1,5 +1,8 @@
 """The package ships whole: a wheel built from the checkout and installed into a fresh virtual
-environment outside it serves the dashboard (``lld-monitor dashboard``), page included.
+environment outside it serves the dashboard (``lld-monitor dashboard``), page included; and it
+installs what log analysis uses without the training stack: its requirements name no torch,
+transformers or TRL outside their extras, and ``analyze`` and ``report`` run on a foreign log
+with torch, transformers and TRL unimportable.
 
 The fresh environment gets the wheel alone (``--no-deps``); its dependencies are borrowed from the
 test's own environment through a plain path entry, which puts their folder on ``sys.path``
@@ -34,22 +37,22 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.slow
-def test_a_wheel_installed_outside_the_checkout_serves_the_dashboard(tmp_path: Path) -> None:
-    wheels = tmp_path / "wheels"
+@pytest.fixture(scope="module")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    wheels = tmp_path_factory.mktemp("wheels")
     subprocess.run(
         [*PIP, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
         check=True,
-        cwd=tmp_path,
+        cwd=wheels,
         timeout=300,
     )
     (wheel,) = wheels.glob("lld_monitor-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    assert (
-        "lld_monitor/report/dashboard/app.py" in names
-        and "lld_monitor/report/dashboard/sources.py" in names
-    )
+    return wheel
 
+
+def _fresh_env(wheel: Path, tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A fresh venv with the wheel alone installed and this environment's packages borrowed
+    through a path entry: (its folder, its python, a clean environment to run it in)."""
     env_dir = tmp_path / "fresh"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
     py = env_dir / "bin" / "python"
@@ -75,7 +78,19 @@ def test_a_wheel_installed_outside_the_checkout_serves_the_dashboard(tmp_path: P
         env=clean,
     ).stdout.strip()
     assert where.startswith(str(env_dir)), where  # the wheel's copy, not the checkout
+    return env_dir, py, clean
 
+
+@pytest.mark.slow
+def test_a_wheel_installed_outside_the_checkout_serves_the_dashboard(
+    built_wheel: Path, tmp_path: Path
+) -> None:
+    names = zipfile.ZipFile(built_wheel).namelist()
+    assert (
+        "lld_monitor/report/dashboard/app.py" in names
+        and "lld_monitor/report/dashboard/sources.py" in names
+    )
+    env_dir, _, clean = _fresh_env(built_wheel, tmp_path)
     run = tmp_path / "runs" / "toy"
     shutil.copytree(REPO / "sample_runs" / "real" / "toy-llds-off-seed0", run)
     port = _free_port()
@@ -132,3 +147,76 @@ def test_a_wheel_installed_outside_the_checkout_serves_the_dashboard(tmp_path: P
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=15)
         log.close()
+
+
+TRAINING = ("torch", "transformers", "trl", "accelerate", "verl")
+
+
+def test_the_wheel_requires_no_training_stack_outside_its_extras(built_wheel: Path) -> None:
+    """Installing lld_monitor never downgrades or blocks a user's TRL: the requirements name no
+    trainer unconditionally, TRL's tested range is checked at attach, not pinned here."""
+    with zipfile.ZipFile(built_wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = z.read(meta).decode().splitlines()
+    reqs = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Requires-Dist:")]
+    plain = [r for r in reqs if "extra ==" not in r]
+    assert plain and not [
+        r
+        for r in plain
+        if r.split()[0].split(">")[0].split("=")[0].split("<")[0].split("[")[0].lower() in TRAINING
+    ], plain
+    extras = {ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Provides-Extra:")}
+    assert {"torch", "transformers", "trl"} <= extras
+    trl = [r for r in reqs if r.startswith("trl") and 'extra == "trl"' in r]
+    assert trl and "<1.17" not in trl[0], trl
+
+
+@pytest.mark.slow
+def test_analyze_and_report_run_from_the_wheel_without_the_training_stack(
+    built_wheel: Path, tmp_path: Path
+) -> None:
+    env_dir, py, clean = _fresh_env(built_wheel, tmp_path)
+    block = tmp_path / "block"
+    for name in ("torch", "transformers", "trl"):
+        (block / name).mkdir(parents=True)
+        (block / name / "__init__.py").write_text(
+            f"raise ModuleNotFoundError('{name} made unimportable by this test', name='{name}')\n"
+        )
+    env = dict(clean, PYTHONPATH=str(block))
+    probe = subprocess.run([str(py), "-c", "import torch"], env=env, capture_output=True, text=True)
+    assert probe.returncode != 0 and "made unimportable" in probe.stderr  # the block works
+    cli = str(env_dir / "bin" / "lld-monitor")
+    log = REPO / "tests" / "fixtures" / "importers" / "trainer_state.json"
+    res = subprocess.run(
+        [cli, "analyze", str(log)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "signals used" in res.stdout
+    folder = REPO / "tests" / "fixtures" / "importers" / "shapes" / "trl_checkpoints"
+    res = subprocess.run(
+        [cli, "report", str(folder), "--out", str(tmp_path / "rep")],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    summary = (tmp_path / "rep" / "summary.md").read_text()
+    assert "**Verdict: collapsed**" in summary and "checkpoint-10" in summary
+    assert list((tmp_path / "rep" / "charts").glob("*.png"))
+    # the monitor itself says which extra it needs
+    res = subprocess.run(
+        [str(py), "-c", "from lld_monitor import LLDMonitor"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert res.returncode != 0
+    assert "pip install 'lld_monitor[torch]'" in res.stderr, res.stderr[-2000:]

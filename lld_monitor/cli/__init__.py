@@ -13,6 +13,10 @@ from collections.abc import Sequence
 #   run(args: argparse.Namespace) -> int   (the exit code)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("lld_monitor.cli.analyze", "analyze a logged run (ours or a foreign log)"),
+    "report": (
+        "lld_monitor.cli.report",
+        "write an issue-ready bundle of one run (summary.md, PNGs)",
+    ),
     "eval": ("lld_monitor.cli.evaluate", "score the detector on a folder of labelled runs"),
     "simulate": ("lld_monitor.cli.simulate", "write labelled simulated runs (clearly marked)"),
     "dashboard": ("lld_monitor.cli.dashboard", "open the live dashboard (127.0.0.1)"),
@@ -63,6 +67,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(_load(args.command).run(args) or 0)
+    except ImportError as exc:  # the training stack, left out of a log-analysis install
+        from lld_monitor import missing_extra_hint
+
+        # (the demo trains with TRL's GRPOTrainer: it needs the trl extra, whatever is missing)
+        hint = missing_extra_hint(exc, "trl" if args.command == "demo" else None)
+        if hint is None:
+            raise
+        print(f"lld-monitor {args.command}: {hint}", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         # the reader went away (``lld-monitor analyze RUN | head -3``): no traceback; stdout is
         # pointed at /dev/null so that the interpreter's final flush does not fail again

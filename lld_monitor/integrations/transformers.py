@@ -296,6 +296,9 @@ class TrainerAdapter:
                 "learning_rate": args.learning_rate,
                 "max_grad_norm": args.max_grad_norm,
                 "world_size": args.world_size,
+                # where the trainer saves its checkpoint-N folders (lld-monitor report names
+                # the last one before an onset)
+                "output_dir": str(args.output_dir) if args.output_dir is not None else None,
             }
         }
         peft = peft_meta(getattr(self.trainer, "model", None))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import math
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -44,6 +45,10 @@ logger = logging.getLogger("lld_monitor")
 #: TRL versions this adapter was tested with (GRPOTrainer internals move between minors).
 TRL_MIN, TRL_MAX = Version("1.16"), Version("1.17")
 TRL_TESTED_RANGE = f">={TRL_MIN},<{TRL_MAX}"
+#: Set to 1 to attach to a TRL outside ``TRL_TESTED_RANGE`` at your own risk: a warning instead of
+#: the refusal (the GRPOTrainer internals the adapter wraps are still checked, and a changed one
+#: still stops the attach with its name).
+ALLOW_UNTESTED_TRL_ENV = "LLD_MONITOR_ALLOW_UNTESTED_TRL"
 
 #: GRPOTrainer methods we wrap, with the leading parameters we rely on.
 WRAPPED_GRPO_METHODS: dict[str, tuple[str, ...]] = {
@@ -111,16 +116,27 @@ TRAINER_LOG_PREFIX = "lld/"
 
 
 def check_trl_version(version: str | None = None) -> Version:
-    """The installed (or given) TRL version; ValueError outside the tested range."""
+    """The installed (or given) TRL version; ValueError outside the tested range, unless
+    ``LLD_MONITOR_ALLOW_UNTESTED_TRL=1`` (then a warning: at the user's own risk)."""
     v = Version(version if version is not None else importlib.metadata.version("trl"))
-    if not TRL_MIN <= v < TRL_MAX:
-        raise ValueError(
-            f"lld_monitor's GRPOTrainer adapter is tested with trl{TRL_TESTED_RANGE} and touches "
-            f"GRPOTrainer internals that change between releases; found trl {v}. Install a "
-            f"tested version (pip install 'trl{TRL_TESTED_RANGE}'), or drive the monitor from "
-            "your own loop with observe_rollout/observe_update/end_step (docs/monitor.md)."
+    if TRL_MIN <= v < TRL_MAX:
+        return v
+    what = (
+        f"lld_monitor's GRPOTrainer adapter is tested with trl{TRL_TESTED_RANGE} and touches "
+        f"GRPOTrainer internals that change between releases; found trl {v}"
+    )
+    if os.environ.get(ALLOW_UNTESTED_TRL_ENV, "").strip().lower() in ("1", "true", "yes"):
+        warn_user(
+            f"lld_monitor: {what}; attaching anyway ({ALLOW_UNTESTED_TRL_ENV} is set): check the "
+            "logged columns against a run you trust before relying on them"
         )
-    return v
+        return v
+    raise ValueError(
+        f"{what}. Install a tested version (pip install 'trl{TRL_TESTED_RANGE}'), set "
+        f"{ALLOW_UNTESTED_TRL_ENV}=1 to try this one at your own risk (the wrapped internals are "
+        "still checked), or drive the monitor from your own loop with "
+        "observe_rollout/observe_update/end_step (docs/monitor.md)."
+    )
 
 
 def check_grpo_internals(cls: type = GRPOTrainer) -> list[str]:

@@ -37,9 +37,24 @@ def test_trl_internals_unchanged() -> None:
 
 
 @pytest.mark.parametrize("version", ["1.15.2", "1.17.0", "2.0.0"])
-def test_version_outside_tested_range_is_refused(version: str) -> None:
-    with pytest.raises(ValueError, match=r"tested with trl>=1.16,<1.17"):
+def test_version_outside_tested_range_is_refused(
+    version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(trl_adapter.ALLOW_UNTESTED_TRL_ENV, raising=False)
+    with pytest.raises(
+        ValueError, match=r"tested with trl>=1.16,<1.17.*LLD_MONITOR_ALLOW_UNTESTED"
+    ):
         trl_adapter.check_trl_version(version)
+
+
+def test_an_untested_version_can_be_tried_at_ones_own_risk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LLD_MONITOR_ALLOW_UNTESTED_TRL=1: a warning naming the version, not a refusal."""
+    monkeypatch.setenv(trl_adapter.ALLOW_UNTESTED_TRL_ENV, "1")
+    with pytest.warns(UserWarning, match=r"found trl 1\.17\.0; attaching anyway"):
+        assert str(trl_adapter.check_trl_version("1.17.0")) == "1.17.0"
+    monkeypatch.setenv(trl_adapter.ALLOW_UNTESTED_TRL_ENV, "0")
+    with pytest.raises(ValueError):
+        trl_adapter.check_trl_version("1.17.0")
 
 
 def _token_logps(
