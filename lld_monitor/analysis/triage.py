@@ -43,6 +43,7 @@ __all__ = [
     "triage",
     "triage_file",
     "triage_one",
+    "verdict_of",
     "verdict_word",
 ]
 
@@ -161,6 +162,12 @@ def analyse_one(
             # a loose file that reads but logs no training metric (a config, a timing file)
             return RunVerdict(name, str(path), "skipped", error=message), None
         return RunVerdict(name, str(path), "unreadable", error=message), None
+    return verdict_of(name, path, df, analysis), analysis
+
+
+def verdict_of(name: str, path: Path, df: Any, analysis: Any) -> RunVerdict:
+    """The verdict of a run already read (``df``) and analysed: the one rule the triage, the
+    picker and the dashboard's header use."""
     alerts = list(analysis.alerts)
     rank = {s: i for i, s in enumerate(C.SEVERITIES)}
     severe = [a for a in alerts if a.severity in ("warning", "critical")]
@@ -194,7 +201,7 @@ def analyse_one(
         alert_severities=[a.severity for a in alerts],
         reason=reason,
     )
-    return result, analysis
+    return result
 
 
 def cant_tell(path: Path, df: Any) -> str | None:

@@ -80,7 +80,7 @@ def test_the_triage_text_json_and_picker_say_cant_tell_with_the_reason(tmp_path,
     assert short["verdict"] == "cant_tell" and short["reason"].startswith("too short")
     assert doc["counts"]["cant_tell"] == 1
     v = next(v for v in triage(tmp_path, jobs=1) if v.name == "short.csv")
-    assert picker_label("short.csv", v).startswith("❔ short.csv · can't tell (too short")
+    assert picker_label("short.csv", v).startswith("? short.csv · can't tell (too short")
 
 
 AUTO = ROOT / "sample_runs" / "auto" / "s1-small-32upd-lr3e-3-seed0-auto"  # LLDS switched on

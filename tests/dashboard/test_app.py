@@ -423,8 +423,8 @@ def test_the_run_picker_shows_each_runs_triage_verdict_worst_first(
     assert expected == [("b-collapse", "collapsed"), ("a-healthy", "healthy")]
     assert option_names(at) == ["b-collapse", "a-healthy"]  # not the folder's order
     labels = at.multiselect[0].options
-    assert labels[0].startswith("🔴 b-collapse · collapsed (collapse at step ")
-    assert labels[1] == "🟢 a-healthy · healthy"
+    assert labels[0].startswith("✖ b-collapse · collapsed (collapse at step ")
+    assert labels[1] == "✓ a-healthy · healthy"
     assert at.multiselect[0].value == ["b-collapse"]
 
 
@@ -449,6 +449,11 @@ def test_header_names_the_worst_alert_and_the_collapse_numbers(
     assert "**Worst alert**  \ncollapse (critical) at step 73" in text
     assert "latest: truncation (warning) at step 398" in text  # named as the latest
     assert "Collapse: the reward fell below half its peak at step 73" in text
+    # the header's verdict is the picker's, word for word (issue 50: they never contradict)
+    label = at.multiselect[0].options[0] if at.multiselect else None
+    words = "collapsed (collapse at step 73)"
+    assert f"**✖ {words}**" in text
+    assert label is None or label.endswith(f"· {words}"), label
 
 
 def test_header_tells_the_switch_the_story_and_what_to_do(
@@ -1209,7 +1214,7 @@ def test_a_long_run_draws_at_once_and_its_analysis_follows(
     monkeypatch.setattr(service, "_VERDICTS", {})
     at = make_app(monkeypatch, tmp_path).run()
     assert not at.exception
-    assert at.multiselect[0].options == ["⏳ long · analysing"]
+    assert at.multiselect[0].options == ["… long · analysing"]
     assert "Analysing 400 rows of **long** in the background" in all_text(at)
     spec = chart_spec(at)  # the charts are complete: every row of the reward is drawn
     assert len(spec["data"]) > 0
@@ -1219,7 +1224,7 @@ def test_a_long_run_draws_at_once_and_its_analysis_follows(
     at.run()
     assert not at.exception
     label = at.multiselect[0].options[0]
-    assert label.startswith(f"🔴 long · collapsed ({expected.worst['kind']} at step ")
+    assert label.startswith(f"✖ long · collapsed ({expected.worst['kind']} at step ")
     text = all_text(at).replace("\\", "")
     assert "in the background" not in text
     assert "Collapse: the reward fell below half its peak at step" in text
@@ -1245,7 +1250,7 @@ def test_a_worker_that_dies_leaves_a_reason_not_a_broken_page(
     monkeypatch.setattr(service, "_DEFERRED", {})
     monkeypatch.setattr(service, "_VERDICTS", {})
     at = make_app(monkeypatch, tmp_path).run()
-    assert at.multiselect[0].options == ["⏳ a · analysing"]
+    assert at.multiselect[0].options == ["… a · analysing"]
     pool = service._background_pool()
     for _ in range(100):  # the worker process is up once the run is handed over
         if pool._processes:
@@ -1256,25 +1261,25 @@ def test_a_worker_that_dies_leaves_a_reason_not_a_broken_page(
     wait_background()
     at.run()
     assert not at.exception
-    assert at.multiselect[0].options == ["⚪ a · unreadable"]
+    assert at.multiselect[0].options == ["○ a · unreadable"]
     text = all_text(at)
     assert "analysis failed" in text and len(at.get("plotly_chart")) == 1
     # another long run (another page of the server): a new worker analyses it
     write_sim(make_run("healthy", 300, seed=0), tmp_path / "other" / "b")
     at = make_app(monkeypatch, tmp_path / "other").run()
-    assert at.multiselect[0].options == ["⏳ b · analysing"]
+    assert at.multiselect[0].options == ["… b · analysing"]
     wait_background()
     at.run()
     assert not at.exception
-    assert at.multiselect[0].options == ["🟢 b · healthy"]
+    assert at.multiselect[0].options == ["✓ b · healthy"]
 
 
 def test_the_run_picker_keeps_its_choice_when_a_verdict_label_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The picker's options are labelled with the verdicts, and the browser sends back the label
-    it shows: one sent just as the label changed (the run's analysis arrived, "⏳ long ·
-    analysing" became "🔴 long · collapsed") still names the run, which stays chosen."""
+    it shows: one sent just as the label changed (the run's analysis arrived, "… long ·
+    analysing" became "✖ long · collapsed") still names the run, which stays chosen."""
     from lld_monitor.testing import make_run
     from lld_monitor.testing import write_run as write_sim
 
@@ -1286,11 +1291,11 @@ def test_the_run_picker_keeps_its_choice_when_a_verdict_label_changes(
     monkeypatch.setattr(service, "_VERDICTS", {})
     at = make_app(monkeypatch, tmp_path, query="long").run()
     stale = at.multiselect[0].options
-    assert "⏳ long · analysing" in stale and at.multiselect[0].value == ["long"]
+    assert "… long · analysing" in stale and at.multiselect[0].value == ["long"]
     wait_background()
     at.run()
-    assert "⏳ long · analysing" not in at.multiselect[0].options
-    at.multiselect[0].set_value(["⏳ long · analysing"]).run()  # the label the browser showed
+    assert "… long · analysing" not in at.multiselect[0].options
+    at.multiselect[0].set_value(["… long · analysing"]).run()  # the label the browser showed
     assert not at.exception
     assert at.multiselect[0].value == ["long"]
     assert "Select one or more runs above." not in all_text(at)
@@ -1315,11 +1320,11 @@ def test_a_long_runs_verdict_stays_while_a_new_one_is_made_and_is_throttled(
     for name in ("_BACKGROUND", "_DEFERRED", "_VERDICTS", "_VERDICT_COST"):
         monkeypatch.setattr(service, name, {})
     at = make_app(monkeypatch, tmp_path).run()
-    assert at.multiselect[0].options == ["⏳ long · analysing"]
+    assert at.multiselect[0].options == ["… long · analysing"]
     wait_background()
     at.run()
     first = at.multiselect[0].options
-    assert first[0].startswith("🔴 long · collapsed")
+    assert first[0].startswith("✖ long · collapsed")
     assert service._VERDICT_COST[str(tmp_path / "long")] > 0.0
     path = str(tmp_path / "long")
     t = log.stat().st_mtime + 5.0
@@ -1426,3 +1431,17 @@ def test_a_foreign_log_is_parsed_once_on_the_first_render(
     at.run()
     assert "41 rows, last step 41" in all_text(at)
     assert calls.count(path) == 2
+
+
+def test_picker_badges_are_drawn_by_a_plain_font() -> None:
+    """Every badge is a glyph of DejaVu Sans (matplotlib ships it; the usual fallback font of a
+    Linux server), so no badge is an empty box where no emoji font is installed."""
+    pytest.importorskip("matplotlib")
+    from fontTools.ttLib import TTFont
+    from matplotlib import font_manager
+
+    font = TTFont(font_manager.findfont("DejaVu Sans", fallback_to_default=False))
+    cmap = font.getBestCmap()
+    for verdict, badge in sources.VERDICT_BADGE.items():
+        assert all(ord(ch) in cmap for ch in badge), (verdict, badge)
+    assert ord("🔴") not in cmap  # (the check can fail: an emoji is not in the font)

@@ -317,17 +317,17 @@ def test_run_picker_shows_triage_badges_worst_first_in_chromium(tmp_path: Path) 
     write_sim(make_run("collapse", 260, seed=0), root / "b-collapse")
     with _serve(root) as url, _chromium_page(url, viewport={"width": 1400, "height": 1200}) as page:
         # the chosen run (a chip in the picker): the worst one, with its badge
-        chip = page.get_by_text("🔴 b-collapse · collapsed", exact=False).first
+        chip = page.get_by_text("✖ b-collapse · collapsed", exact=False).first
         chip.wait_for(timeout=60_000)
         # open the picker: the other run is listed with its own badge
         page.locator('[data-testid="stMultiSelect"] input').first.click()
         option = page.get_by_role("option").first
         option.wait_for(timeout=30_000)
         listed = page.get_by_role("option").all_inner_texts()
-        assert listed == ["🟢 a-healthy · healthy"], listed
+        assert listed == ["✓ a-healthy · healthy"], listed
         page.screenshot(path=str(ARTIFACTS / "dashboard-run-picker.png"), full_page=True)
         option.click()  # both chosen now: worst first, as in the triage table
-        page.get_by_text("🟢 a-healthy · healthy").first.wait_for(timeout=30_000)
+        page.get_by_text("✓ a-healthy · healthy").first.wait_for(timeout=30_000)
 
 
 def _chart_run(root: Path, name: str = "main") -> Path:
@@ -528,7 +528,7 @@ def test_long_run_draws_first_and_its_verdict_follows_in_chromium(tmp_path: Path
     expected = triage_one(root / "long", root)  # what `lld-monitor analyze ROOT` says
     label = f"{sources.VERDICT_BADGE[expected.verdict]} long · {expected.verdict}"
     with _serve(root) as url, _chromium_page(url, viewport={"width": 1400, "height": 1200}) as page:
-        page.get_by_text("⏳ long · analysing").first.wait_for(timeout=60_000)
+        page.get_by_text("… long · analysing").first.wait_for(timeout=60_000)
         page.get_by_text("in the background").first.wait_for(timeout=10_000)
         page.wait_for_function(
             "() => { const g = document.querySelector('.js-plotly-plot');"
@@ -542,7 +542,7 @@ def test_long_run_draws_first_and_its_verdict_follows_in_chromium(tmp_path: Path
             (ARTIFACTS / "dashboard-long-run-failed.txt").write_text(page.inner_text("body"))
             raise
         page.get_by_text("in the background").first.wait_for(state="detached", timeout=30_000)
-        assert page.get_by_text("⏳ long · analysing").count() == 0
+        assert page.get_by_text("… long · analysing").count() == 0
         page.screenshot(path=str(ARTIFACTS / "dashboard-long-run.png"), full_page=True)
 
 

@@ -127,13 +127,13 @@ def select_runs(scope: sources.Scope) -> list[sources.Target]:
         kept = from_query or first
         st.session_state[f"{key}:kept"] = kept
     # every label shown so far names its run: the browser sends back the label it shows, which
-    # may be one the run had before its verdict changed ("⏳ run · analysing")
+    # may be one the run had before its verdict changed ("… run · analysing")
     labels = st.session_state.setdefault(f"{key}:labels", {})
     labels.update({sources.picker_label(n, verdicts[n]): n for n in names})
     _restore(key, [n for n in kept if n in by_name])
     chosen = st.multiselect(
-        "Runs (overlaid, one colour per run; worst first: 🔴 collapsed, 🟠 critical, "
-        "🟡 warning, 🟢 healthy, ⚪ unreadable)",
+        "Runs (overlaid, one colour per run; worst first: ✖ collapsed, ▲ critical, "
+        "△ warning, ? can't tell, ✓ healthy, ○ unreadable)",
         options=names,
         format_func=lambda n: sources.picker_label(n, verdicts[n]),
         key=key,
@@ -148,7 +148,9 @@ def select_runs(scope: sources.Scope) -> list[sources.Target]:
 def render_header(live: sources.LiveRun, color: str, stale_s: float) -> None:
     """One run's header: status, phase, last alert, LLDS, steps seen, last update."""
     h = live.header(stale_s)
-    badges = [STATUS_BADGE.get(h.status, md(h.status)), md(h.source)]
+    # the verdict by the picker's rule and words: the header never contradicts the picker
+    verdict = live.verdict_text()
+    badges = [f"**{md(verdict)}**", STATUS_BADGE.get(h.status, md(h.status)), md(h.source)]
     if h.simulated:
         badges.append(":orange-background[SIMULATED run: not a trained model]")
     with st.container(border=True):
@@ -186,7 +188,8 @@ def render_header_compact(live: sources.LiveRun, color: str, stale_s: float) -> 
     """One line per run when several are compared (the charts stay in view)."""
     h = live.header(stale_s)
     alert = h.last_alert if len(h.last_alert) <= 90 else h.last_alert[:89] + "…"
-    badges = [STATUS_BADGE.get(h.status, md(h.status))]
+    verdict = live.verdict_text()
+    badges = [f"**{md(verdict)}**", STATUS_BADGE.get(h.status, md(h.status))]
     if h.simulated:
         badges.append(":orange-background[SIMULATED]")
     st.markdown(

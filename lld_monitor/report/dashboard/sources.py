@@ -522,6 +522,22 @@ class LiveRun:
             story=tuple(self.story()),
         )
 
+    def verdict_text(self) -> str:
+        """``✖ collapsed (collapse at step 73)``: the run's verdict by the triage's rule
+        (``triage.verdict_of``) on the rows and analysis shown, in the picker's words; while
+        the analysis is under way, the picker's verdict (``service.run_verdict``)."""
+        from lld_monitor.analysis import triage
+
+        if self.analysis is None or not self.n_rows:
+            return header_verdict(service.run_verdict(self.target))
+        table = self.steps.copy(deep=False)
+        table.attrs["source_format"] = self.meta.get("source_format", "lld_run")
+        try:
+            v = triage.verdict_of(self.target.name, self.target.path, table, self.analysis)
+        except Exception:  # (never takes the header down: the picker's verdict instead)
+            return header_verdict(service.run_verdict(self.target))
+        return header_verdict(v)
+
     def story(self) -> list[str]:
         """The run's own story (interventions, warnings, resumes, its ending:
         ``runlog.run_story``) for an lld_monitor run; [] for a foreign log or none read."""
@@ -611,16 +627,18 @@ def _analysis_executor() -> concurrent.futures.ThreadPoolExecutor:
 
 # --- the run picker's verdicts ------------------------------------------------------------------
 
-#: The run picker's badge per triage verdict (``lld-monitor analyze DIR``), worst first.
+#: The run picker's badge per triage verdict (``lld-monitor analyze DIR``), worst first: plain
+#: text symbols that DejaVu Sans (the usual fallback font of a Linux server) draws, not emoji,
+#: which show as empty boxes where no emoji font is installed.
 VERDICT_BADGE: dict[str, str] = {
-    "collapsed": "🔴",
-    "critical": "🟠",
-    "warning": "🟡",
-    "cant_tell": "❔",
-    "healthy": "🟢",
-    "analysing": "⏳",
-    "unreadable": "⚪",
-    "skipped": "⚪",
+    "collapsed": "✖",
+    "critical": "▲",
+    "warning": "△",
+    "cant_tell": "?",
+    "healthy": "✓",
+    "analysing": "…",
+    "unreadable": "○",
+    "skipped": "○",
 }
 
 
@@ -636,17 +654,27 @@ def verdict_order(names: Sequence[str], verdicts: dict[str, Any]) -> list[str]:
     return sorted(names, key=key)
 
 
-def picker_label(name: str, verdict: Any) -> str:
-    """``🔴 run · collapsed (collapse at step 73)``: a run's label in the picker."""
-    badge = VERDICT_BADGE.get(verdict.verdict, "⚪")
+def verdict_text(verdict: Any) -> str:
+    """``collapsed (collapse at step 73)``: the verdict as the picker and the header say it."""
     from lld_monitor.analysis.triage import verdict_word
 
-    text = f"{badge} {name} · {verdict_word(verdict.verdict)}"
+    text = verdict_word(verdict.verdict)
     if verdict.worst:
         text += f" ({verdict.worst['kind']} at step {verdict.worst['step']})"
     elif verdict.reason:
         text += f" ({verdict.reason})"
     return text
+
+
+def picker_label(name: str, verdict: Any) -> str:
+    """``✖ run · collapsed (collapse at step 73)``: a run's label in the picker."""
+    badge = VERDICT_BADGE.get(verdict.verdict, "○")
+    return f"{badge} {name} · {verdict_text(verdict)}"
+
+
+def header_verdict(verdict: Any) -> str:
+    """``✖ collapsed (collapse at step 73)``: the header's verdict, the picker's words."""
+    return f"{VERDICT_BADGE.get(verdict.verdict, '○')} {verdict_text(verdict)}"
 
 
 def _format_time(t: float, now: float) -> str:
