@@ -388,12 +388,20 @@ class LldRun(Format):
         from lld_monitor.runlog import RunFormatError, load_run
 
         try:
-            run = load_run(path)
+            run = load_run(path, warn=False)  # (skipped lines: a note, not a Python warning)
         except RunFormatError as exc:
             raise ImportFormatError(
                 f"{path}: cannot read this lld_monitor run folder ({_one_line(exc)})"
             ) from exc
-        return run.steps.copy(), "logged"
+        frame = run.steps.copy()
+        bad = {k: v for k, v in run.skipped_lines.items() if v}
+        if bad:
+            frame.attrs["import_notes"] = [
+                f"skipped {sum(bad.values())} garbled or torn line(s) of the run log ("
+                + ", ".join(f"{v} in {k}" for k, v in bad.items())
+                + "): the rows around them are kept"
+            ]
+        return frame, "logged"
 
 
 class TensorBoard(Format):

@@ -169,7 +169,7 @@ def token_samples(path: Path, df: pd.DataFrame, at: int | None) -> list[dict[str
     from lld_monitor.runlog import load_run
 
     try:
-        run = load_run(path)
+        run = load_run(path, warn=False)
         steps = run.token_steps()
     except (OSError, ValueError):
         return []

@@ -52,7 +52,7 @@ def _logged_markers(df: pd.DataFrame) -> list[Any]:
     if df.attrs.get("source_format") != "lld_run" or not path.is_dir():
         return []
     try:
-        ev = load_run(path).events
+        ev = load_run(path, warn=False).events
     except (OSError, ValueError):
         return []
     out = []

@@ -264,9 +264,10 @@ def one_row_per_step(steps: pd.DataFrame) -> pd.DataFrame:
     return out[cols].reset_index(drop=True)
 
 
-def load_run(path: str | os.PathLike[str] | Run) -> Run:
-    """Load a run folder; torn/garbled lines are skipped; a repeated step is one row
-    (``one_row_per_step``)."""
+def load_run(path: str | os.PathLike[str] | Run, *, warn: bool = True) -> Run:
+    """Load a run folder; torn/garbled lines are skipped (counted in ``Run.skipped_lines``;
+    ``warn``: also a RuntimeWarning, which a caller that says it in its own words turns off);
+    a repeated step is one row (``one_row_per_step``)."""
     if isinstance(path, Run):
         return path
     run_path = Path(path)
@@ -279,7 +280,8 @@ def load_run(path: str | os.PathLike[str] | Run) -> Run:
     event_records, events_garbled = _read_jsonl(run_path / EVENTS_FILE)
     events = _events_frame(event_records)
     skipped = {STEPS_FILE: steps_skipped, EVENTS_FILE: events_garbled}
-    _warn_skipped(run_path, skipped)
+    if warn:
+        _warn_skipped(run_path, skipped)
     return Run(run_path, meta, steps, events, closed, skipped)
 
 
@@ -406,6 +408,6 @@ def table_story(table: pd.DataFrame) -> list[str]:
     if table.attrs.get("source_format") != "lld_run" or not path.is_dir():
         return []
     try:
-        return run_story(load_run(path))
+        return run_story(load_run(path, warn=False))
     except (OSError, ValueError) as exc:  # (RunFormatError is a ValueError)
         return [f"the run's events could not be read: {' '.join(str(exc).split())}"]

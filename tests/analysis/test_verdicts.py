@@ -156,3 +156,26 @@ def test_the_html_reports_figure_stars_the_intervention():
     assert not any(
         "star" in (t.marker.symbol or ()) for t in fig2.data if (t.name or "").endswith("events")
     )
+
+
+def test_a_garbled_line_is_a_note_not_a_python_warning(tmp_path):
+    """A garbled middle line of steps.jsonl: analyze says it on a note line; no raw
+    RuntimeWarning with a source path reaches the user (it did, from runlog/reader.py)."""
+    import shutil
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "sample_runs" / "auto" / "default-seed0-off", run)
+    lines = (run / "steps.jsonl").read_text().splitlines(keepends=True)
+    lines.insert(50, '{"step": 51, "rew\n')
+    (run / "steps.jsonl").write_text("".join(lines))
+    res = subprocess.run(
+        [sys.executable, "-W", "default", "-m", "lld_monitor.cli", "analyze", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "RuntimeWarning" not in res.stderr and "reader.py" not in res.stderr, res.stderr
+    assert "note: skipped 1 garbled or torn line(s) of the run log (1 in steps.jsonl)" in res.stdout
