@@ -259,6 +259,10 @@ class WandbSink(Sink):
         self.alert_wait_s = alert_wait_s
         self._defined_for: Any = None
         self._warned_no_run = False
+        #: Row columns not logged here because the trainer already sends them to W&B (TRL with
+        #: report_to="wandb" logs the monitor's mirrored columns as train/lld/<column>): set
+        #: when the monitor attaches, so that no column is charted twice.
+        self.skip_columns: set[str] = set()
 
     @property
     def run(self) -> Any:
@@ -277,8 +281,9 @@ class WandbSink(Sink):
         if run is None:
             return
         data: dict[str, float | int] = {}
+        skip = self.skip_columns
         for key, value in row.items():
-            if key in (C.STEP, C.TIME):
+            if key in (C.STEP, C.TIME) or key in skip:
                 continue
             number = _number(value)
             if number is not None:

@@ -294,6 +294,26 @@ class GRPOAdapter(TrainerAdapter):
         evidence = {"step": step, "generate_every_micro_batches": every}
         self.monitor._emit("lifecycle", step, "resume_off_boundary", message, "warning", evidence)
 
+    def _no_wandb_duplicates(self, args: Any) -> None:
+        """With ``report_to`` naming W&B, TRL already logs the mirrored columns
+        (``TRAINER_LOG_COLUMNS``) as ``train/lld/<column>``: a ``WandbSink`` of the monitor
+        then leaves them out, so no LLD column is charted twice."""
+        report_to = getattr(args, "report_to", None) or []
+        report_to = [report_to] if isinstance(report_to, str) else list(report_to)
+        if "wandb" not in report_to and "all" not in report_to:
+            return
+        from lld_monitor.sinks import WandbSink
+
+        for sink in self.monitor.sinks:
+            if isinstance(sink, WandbSink):
+                sink.skip_columns |= set(TRAINER_LOG_COLUMNS)
+                logger.info(
+                    "lld_monitor: report_to includes wandb: TRL logs %d LLD columns as "
+                    "train/%s<column>; WandbSink logs the others only",
+                    len(TRAINER_LOG_COLUMNS),
+                    TRAINER_LOG_PREFIX,
+                )
+
     def install(self) -> None:
         check_trl_version()
         problems = check_grpo_internals(GRPOTrainer)  # TRL's own class: the library's internals
@@ -315,6 +335,7 @@ class GRPOAdapter(TrainerAdapter):
                 "so the adapter can call them as GRPOTrainer does."
             )
         args = self.trainer.args
+        self._no_wandb_duplicates(args)
         self.monitor.set_llds_reuse_problem(
             llds_reuse_problem(
                 self.trainer.num_iterations,

@@ -1144,3 +1144,32 @@ def test_hook_accounting_counts_wall_and_cpu_time_of_the_monitor(tmp_path: Any) 
     assert adapter.hook_seconds >= 3 * (0.1 + 0.05)  # three rows, each slept and spun
     assert 3 * 0.05 <= adapter.hook_cpu_seconds <= cpu  # spun, and within the process's CPU
     assert adapter.hook_cpu_seconds < adapter.hook_seconds - 0.2  # the 0.3 s slept: no CPU
+
+
+def test_report_to_wandb_with_a_wandb_sink_logs_each_lld_column_once(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL with report_to="wandb" logs the mirrored columns as train/lld/<column>; the monitor's
+    WandbSink used to log them again as lld/<column>. Now each column reaches W&B once."""
+    wandb = pytest.importorskip("wandb")
+    from test_sinks import _history, _wandb_records
+
+    from lld_monitor.sinks import WandbSink
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_PROJECT", "lld-test")
+    sink = WandbSink()
+    monitor = LLDMonitor(tmp_path / "run", sinks=[sink], detector=None)
+    tr = make_grpo_trainer(tmp_path / "tr", max_steps=2, report_to="wandb")
+    monitor.attach(tr)
+    assert C.ACCURACY in sink.skip_columns  # (mirrored by the adapter into TRL's logs)
+    tr.train()
+    run_dir = next(p for p in (tmp_path / "wandb").glob("offline-run-*"))
+    wandb.finish()
+    keys = {k for row in _history(_wandb_records(run_dir)) for k in row}
+    trl_lld = {k[len("train/lld/") :] for k in keys if k.startswith("train/lld/")}
+    ours = {k[len("lld/") :] for k in keys if k.startswith("lld/")}
+    assert C.ACCURACY in trl_lld and C.REWARD_MEAN in ours  # both logged, TRL's and ours
+    assert not trl_lld & ours, sorted(trl_lld & ours)
