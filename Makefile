@@ -29,7 +29,8 @@ $(VERL_STAMP): pyproject.toml
 	test -x $(VERL_PY) || python3 -m venv $(VERL_VENV)
 	$(VERL_PY) -m pip install -q --upgrade pip
 	$(VERL_PY) -m pip install -q $(TORCH_SPEC)
-	$(VERL_PY) -m pip install -q -e '.[trl,test,verl]' fastapi
+	# (the TRL the adapter is tested with: the package no longer pins it at install)
+	$(VERL_PY) -m pip install -q -e '.[trl,test,verl]' 'trl>=1.16,<1.17' fastapi
 	# verl's v1 trainer (main_ppo's default) imports these without declaring them; the live
 	# monitor's trainer subclass (lld_monitor.integrations.verl_trainer) needs them to import
 	$(VERL_PY) -m pip install -q TransferQueue==0.1.11 cachetools

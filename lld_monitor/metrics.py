@@ -32,6 +32,7 @@ __all__ = [
     "likelihood_displacement",
     "masked_mean",
     "per_response_delta",
+    "probe_rows",
     "stats_from_sums",
     "tool_rounds",
     "top_displaced_tokens",
@@ -267,6 +268,30 @@ def correct_mask(
         "pass rewards (correct = reward >= correct_threshold) or advantages "
         "(correct = advantage > 0) to tell correct responses from incorrect ones"
     )
+
+
+def probe_rows(
+    correct: torch.Tensor, n: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """The rows the post-update probe measures: [min(n, B)] sorted indices into a batch whose
+    ``correct`` [B] bool says which responses are correct.
+
+    The paper's indicator is about correct responses, so they go first: every correct one up to
+    the cost bound ``n``, keeping one place for an incorrect response when the batch has one and
+    ``n >= 2`` (the incorrect columns stay measured), then incorrect ones. Each group is taken
+    in a random order from ``generator`` (seeded by the caller: the same rows on every rank and
+    after a resume). A batch of ``B`` rows gives ``min(n, B)`` rows whatever its accuracy.
+    """
+    c = torch.as_tensor(correct).bool().cpu()
+    if c.dim() != 1:
+        raise ValueError(f"correct must have shape [B], got {tuple(c.shape)}")
+    batch = c.shape[0]
+    k = max(0, min(int(n), batch))
+    order = torch.randperm(batch, generator=generator)
+    good, bad = order[c[order]], order[~c[order]]
+    take = min(len(good), k - 1 if (len(bad) and k >= 2) else k)
+    rows = torch.cat([good[:take], bad[: k - take]])
+    return rows.sort().values
 
 
 def per_response_delta(

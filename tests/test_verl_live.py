@@ -104,6 +104,9 @@ def test_response_rewards_and_probe_rows(tmp_path):
     rows = live.probe_rows(10, multiple=4)  # ceil(3) -> 4
     assert len(rows) == 4 and rows.tolist() == sorted(set(rows.tolist()))
     assert len(live.probe_rows(10)) == 3 and len(live.probe_rows(5, multiple=8)) == 5
+    correct = torch.tensor([False] * 8 + [True, True])
+    picked = live.probe_rows(10, multiple=4, correct=correct)  # correct first, then incorrect
+    assert len(picked) == 4 and {8, 9} <= set(picked.tolist())
     live.close()
     off = VerlLiveMonitor(tmp_path / "o", control=None, detector=None, probe_fraction=0.0)
     assert off.probe_rows(10) is None

@@ -21,6 +21,7 @@ from transformers.trainer_callback import ExportableState
 
 from lld_monitor import columns as C
 from lld_monitor.events import warn_user
+from lld_monitor.monitor.sigterm import install_sigterm, restore_sigterm
 
 #: Trainer methods this adapter wraps, with the leading parameters it relies on.
 WRAPPED_TRAINER_METHODS: dict[str, tuple[str, ...]] = {
@@ -30,64 +31,6 @@ WRAPPED_TRAINER_METHODS: dict[str, tuple[str, ...]] = {
 
 # Keys of the Trainer's own logs that the row already has from the hooks, or that are not numbers.
 _LOG_MAPPED = {"loss": C.LOSS, "grad_norm": C.GRAD_NORM, "learning_rate": C.LEARNING_RATE}
-
-
-class TerminatedBySignal(SystemExit):
-    """Training ended by SIGTERM (a scheduler's stop: Slurm, Kubernetes): raised in the main
-    thread by the monitor's handler when no other handler was set, so that the run log records
-    the ending like any other exception; the process then exits with status 143 (128 + 15), as
-    it would have by the signal's default action."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(128 + signum)
-        self.signum = signum
-
-    def __str__(self) -> str:
-        import signal
-
-        return f"terminated by {signal.Signals(self.signum).name} (signal {self.signum})"
-
-
-_NO_HANDLER = object()
-
-
-def _install_sigterm() -> Any:
-    """For the length of ``train()``: SIGTERM ends the run log before the process goes. A
-    handler that was already set (the user's, the trainer's) is called instead and keeps its
-    say (nothing is swallowed: if it returns, training goes on); an ignored SIGTERM stays
-    ignored; the default action becomes :class:`TerminatedBySignal`. Only in the main thread
-    (elsewhere Python allows no handler); returns what to restore."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
-        return _NO_HANDLER
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        if callable(previous):
-            previous(signum, frame)
-            return
-        if previous == signal.SIG_IGN:
-            return
-        raise TerminatedBySignal(signum)
-
-    try:
-        signal.signal(signal.SIGTERM, on_sigterm)
-    except (ValueError, OSError):
-        return _NO_HANDLER
-    return previous
-
-
-def _restore_sigterm(previous: Any) -> None:
-    import signal
-
-    if previous is _NO_HANDLER:
-        return
-    try:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-    except (ValueError, OSError):
-        pass
 
 
 def peft_meta(model: Any) -> dict[str, Any] | None:
@@ -341,7 +284,7 @@ class TrainerAdapter:
         exception goes on to the caller unchanged."""
 
         def train(*args: Any, **kwargs: Any) -> Any:
-            previous = _install_sigterm()
+            previous = install_sigterm()
             try:
                 return original(*args, **kwargs)
             except BaseException as exc:
@@ -349,7 +292,7 @@ class TrainerAdapter:
                     self.monitor.close(error=exc)
                 raise
             finally:
-                _restore_sigterm(previous)
+                restore_sigterm(previous)
 
         return train
 

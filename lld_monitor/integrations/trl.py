@@ -38,7 +38,7 @@ from lld_monitor.integrations.transformers import (
     dropout_problem,
     signature_problems,
 )
-from lld_monitor.metrics import last_action_mask, tool_rounds
+from lld_monitor.metrics import last_action_mask, probe_rows, tool_rounds
 
 logger = logging.getLogger("lld_monitor")
 
@@ -728,10 +728,17 @@ class GRPOAdapter(TrainerAdapter):
         old = torch.cat([m[1] for m in micro], 0)  # [B, T]
         batch = completion_ids.shape[0]
         n = max(1, math.ceil(self.monitor.probe_fraction * batch))
-        # Seeded by the step: the same sample on every rank and after a resume from a checkpoint.
-        rng = torch.Generator().manual_seed(self.trainer.state.global_step * 1009 + len(micro))
-        rows = torch.randperm(batch, generator=rng)[:n].sort().values.to(completion_ids.device)
         rewards = cat(KEY_REWARDS)
+        advantages = cat("advantages")
+        per_func = cat(KEY_REWARDS_PER_FUNC)
+        # correct responses first (the paper's indicator is about them), then incorrect ones;
+        # seeded by the step: the same sample on every rank and after a resume from a checkpoint
+        correct = self.monitor.correct_mask(
+            rewards, advantages, batch, completion_ids.device, self._per_func(per_func)
+        )
+        rng = torch.Generator().manual_seed(self.trainer.state.global_step * 1009 + len(micro))
+        rows = probe_rows(correct, n, rng).to(completion_ids.device)
+        self._say_why_no_correct(correct, advantages)
         return {
             "rows": rows,
             "input_ids": torch.cat([cat("prompt_ids"), completion_ids], 1)[rows],  # [n, P+T]
@@ -741,12 +748,37 @@ class GRPOAdapter(TrainerAdapter):
             "mask": mask[rows],  # [n, T]
             "old": old[rows],  # [n, T]
             "rewards": rewards[rows] if rewards is not None else None,  # [n]
-            "rewards_per_func": None
-            if cat(KEY_REWARDS_PER_FUNC) is None
-            else cat(KEY_REWARDS_PER_FUNC)[rows],  # [n, F]
-            "advantages": cat("advantages")[rows],  # [n] or [n, T]
+            "rewards_per_func": None if per_func is None else per_func[rows],  # [n, F]
+            "advantages": advantages[rows],  # [n] or [n, T]
             "stepped": stepped,
         }
+
+    def _say_why_no_correct(self, correct: torch.Tensor, advantages: torch.Tensor | None) -> None:
+        """Once per reason: a generation batch without a correct response leaves the step's
+        displacement columns empty; say why and what to change (a lifecycle event, info)."""
+        if bool(correct.any()):
+            return
+        zero = advantages is not None and bool((advantages == 0).all())
+        reason = "probe_no_correct_zero_advantage" if zero else "probe_no_correct"
+        if reason in self._warned:
+            return
+        self._warned.add(reason)
+        step = int(self.trainer.state.global_step) + 1
+        what = (
+            "every advantage is zero (each group got one reward: no learning signal either)"
+            if zero
+            else "no response reached the correctness rule"
+        )
+        message = (
+            f"step {step}: the generation batch has no correct response ({what}), so the "
+            "displacement columns (delta_correct, frac_correct_displaced) are empty for it; "
+            "said once. With low accuracy: more samples per prompt (num_generations) or a "
+            "larger batch; check the correctness rule (correct_threshold, correct_reward, "
+            "correct_fn) against the reward's scale"
+        )
+        logger.info("lld_monitor: %s", message)
+        evidence = {"reason": reason, "batch": int(correct.shape[0])}
+        self.monitor._emit("lifecycle", step, reason, message, "info", evidence)
 
     def _probe_forward(self, plan: dict[str, Any]) -> torch.Tensor:
         """[n, T] log-probs under the updated policy, as TRL runs its own no-grad forwards."""

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from lld_monitor import columns as C
+from lld_monitor import metrics
 from lld_monitor.events import make_event
 
 _LOG = logging.getLogger(__name__)
@@ -436,12 +437,16 @@ class VerlLiveMonitor:
 
     # -- the probe ----------------------------------------------------------------------------
 
-    def probe_rows(self, batch_size: int, multiple: int = 1) -> torch.Tensor | None:
+    def probe_rows(
+        self, batch_size: int, multiple: int = 1, correct: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
         """Rows to probe after this batch's update (sorted [k]), or None when the probe is off.
 
         ``k`` is ``probe_fraction * batch_size`` rounded up to a ``multiple`` (verl splits a
         batch evenly over the data-parallel ranks and their micro-batches: pass
-        ``dp_size * infer micro-batch size``), at most the batch.
+        ``dp_size * infer micro-batch size``), at most the batch. ``correct`` ([B] bool, the
+        monitor's ``correct_mask`` of the batch): correct responses first, as the TRL adapter
+        probes (``metrics.probe_rows``); without it, a random sample.
         """
         frac = self.monitor.probe_fraction
         if frac <= 0 or batch_size <= 0:
@@ -449,6 +454,8 @@ class VerlLiveMonitor:
         multiple = max(1, int(multiple))
         k = max(1, math.ceil(frac * batch_size))
         k = min(batch_size, math.ceil(k / multiple) * multiple)
+        if correct is not None:
+            return metrics.probe_rows(correct, k, self._gen)
         return torch.randperm(batch_size, generator=self._gen)[:k].sort().values
 
     # -- the step -----------------------------------------------------------------------------

@@ -160,6 +160,11 @@ class LLDMonitor:
         self.should_stop = False  # set by stop_on_collapse; adapters copy it into control
         self.should_save = False  # set by checkpoint_on_collapse; reset by the adapter
         self.closed = False
+        # a plain loop's SIGTERM handler (_catch_sigterm): what it replaced, whether it is set,
+        # the signal that ended the run
+        self._sigterm: Any = None
+        self._sigterm_set = False
+        self._terminated_by: int | None = None
         self._acc = StepMetrics()
         self._last_rollout: rollout.Rollout | None = None
         self.failures = FailurePolicy(self.strict, self._on_error)
@@ -193,7 +198,10 @@ class LLDMonitor:
         return self
 
     def start(self, *, trainer: str = "custom", lld_columns: bool = True, **meta: Any) -> None:
-        """Open the run log (rank 0) with the run's meta; called by attach or the first end_step."""
+        """Open the run log (rank 0) with the run's meta; called by attach or the first end_step.
+        A plain loop (``trainer="custom"``) also gets the SIGTERM handler (``_catch_sigterm``)."""
+        if trainer == "custom" and self.adapter is None and self.writer is None:
+            self._catch_sigterm()
         with self._lock:
             if self.writer is not None or self.closed:
                 return
@@ -770,6 +778,7 @@ class LLDMonitor:
         if self.closed:
             return
         self.closed = True
+        self._release_sigterm()
         if self.adapter is not None:
             with self.guard("adapter.uninstall"):
                 self.adapter.uninstall()
@@ -780,7 +789,53 @@ class LLDMonitor:
                 self.writer.close(error=error)
 
     def __enter__(self) -> LLDMonitor:
+        self._catch_sigterm()
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         self.close(error=exc)
+
+    # -- a plain loop's ending (sigterm.py) ----------------------------------------------------
+
+    def _catch_sigterm(self) -> None:
+        """A plain loop (``with LLDMonitor(...)``, or ``start()`` ... ``close()``): SIGTERM ends
+        the run log as the Trainer path does (the end event and closed.json, then exit status
+        143; a handler of the user's is called instead and keeps its say), and a monitor never
+        closed is closed when the interpreter exits. Once; main thread only."""
+        if self._sigterm_set or self.closed:
+            return
+        import atexit
+
+        from lld_monitor.monitor.sigterm import install_sigterm
+
+        self._sigterm = install_sigterm(self._on_sigterm)
+        self._sigterm_set = True
+        atexit.register(self._close_at_exit)
+
+    def _on_sigterm(self, signum: int) -> None:
+        self._terminated_by = signum
+
+    def _close_at_exit(self) -> None:
+        """atexit: close a monitor the loop never closed, naming why the process ended."""
+        if self.closed:
+            return
+        import sys
+
+        from lld_monitor.monitor.sigterm import TerminatedBySignal
+
+        error: BaseException | None = getattr(sys, "last_value", None)
+        if self._terminated_by is not None:
+            error = TerminatedBySignal(self._terminated_by)
+        with self.guard("close at exit"):
+            self.close(error=error)
+
+    def _release_sigterm(self) -> None:
+        if not self._sigterm_set:
+            return
+        import atexit
+
+        from lld_monitor.monitor.sigterm import restore_sigterm
+
+        restore_sigterm(self._sigterm)
+        atexit.unregister(self._close_at_exit)
+        self._sigterm_set = False

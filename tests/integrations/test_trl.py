@@ -1173,3 +1173,52 @@ def test_report_to_wandb_with_a_wandb_sink_logs_each_lld_column_once(
     ours = {k[len("lld/") :] for k in keys if k.startswith("lld/")}
     assert C.ACCURACY in trl_lld and C.REWARD_MEAN in ours  # both logged, TRL's and ours
     assert not trl_lld & ours, sorted(trl_lld & ours)
+
+
+def reward_one_in_five(completions: list[str], **kwargs: Any) -> list[float]:
+    """1 for about one completion in five (by a hash of its text), else 0: a 20%-accuracy run."""
+    import zlib
+
+    return [1.0 if zlib.crc32(str(c).encode()) % 5 == 0 else 0.0 for c in completions]
+
+
+def test_the_probe_measures_correct_responses_whenever_the_batch_has_one(tmp_path: Any) -> None:
+    """At ~20% accuracy with probe_fraction 0.25 (2 of 8 completions probed), every step whose
+    batch has a correct response gets the displacement columns: the probe takes correct
+    responses first (it sampled at random, and most steps then probed none)."""
+    monitor = LLDMonitor(tmp_path / "run", probe_fraction=0.25, detector=None)
+    tr = make_grpo_trainer(
+        tmp_path / "tr",
+        max_steps=10,
+        per_device_train_batch_size=8,
+        reward_funcs=[reward_one_in_five],
+    )
+    monitor.attach(tr)
+    tr.train()
+    run = load_run(tmp_path / "run")
+    steps = run.steps.set_index(C.STEP)
+    with_correct = steps[steps[C.ACCURACY] > 0]
+    assert 0.05 < steps[C.ACCURACY].mean() < 0.5 and len(with_correct) >= 3, steps[C.ACCURACY]
+    assert with_correct[C.DELTA_CORRECT].notna().all(), with_correct[[C.ACCURACY, C.DELTA_CORRECT]]
+    assert (with_correct[C.N_CORRECT] >= 1).all()
+    # the incorrect columns stay measured: one place is kept for an incorrect response
+    assert steps[C.DELTA_INCORRECT].notna().all()
+    # a batch with no correct response says why, once
+    none = steps[steps[C.ACCURACY] == 0]
+    said = run.events[run.events[C.EVENT_KIND].astype(str).str.startswith("probe_no_correct")]
+    assert len(said) == (1 if len(none) else 0)
+
+
+def test_probe_rows_by_hand() -> None:
+    from lld_monitor.metrics import probe_rows
+
+    c = torch.tensor([False, True, False, False, True, False, True, False])
+    g = torch.Generator().manual_seed(0)
+    rows = probe_rows(c, 2, g)
+    assert rows.tolist() == sorted(rows.tolist()) and len(rows) == 2
+    assert c[rows].tolist().count(True) == 1  # one correct, one place kept for an incorrect
+    assert c[probe_rows(c, 4, g)].tolist().count(True) == 3  # every correct one within n
+    assert c[probe_rows(c, 8, g)].tolist().count(True) == 3  # the whole batch
+    assert probe_rows(torch.ones(3, dtype=torch.bool), 2, g).tolist() in ([0, 1], [0, 2], [1, 2])
+    assert probe_rows(torch.zeros(3, dtype=torch.bool), 5, g).tolist() == [0, 1, 2]
+    assert c[probe_rows(c, 1, g)].tolist() == [True]  # n = 1: the correct one
