@@ -60,6 +60,12 @@ INBATCH_N_CORRECT = "inbatch_n_correct"  # correct responses measured this step
 INBATCH_N_CORRECT_DISPLACED = "inbatch_n_correct_displaced"  # ... whose summed change is < 0
 INBATCH_FRAC_CORRECT_DISPLACED = "inbatch_frac_correct_displaced"  # the ratio of the two
 
+# --- the probe's own health -----------------------------------------------------------------
+# share (0-1) of the step's post-update probes in which no probed generated token's log-prob
+# changed: the update did nothing to the policy (learning rate 0, frozen weights, an optimizer
+# that does not step, an adapter not attached); absent when the step had no probe
+PROBE_STILL = "probe_still"
+
 # --- LLDS regularizer ------------------------------------------------------------------------
 LLDS_ENABLED = "llds_enabled"  # 0/1
 LLDS_LAMBDA = "llds_lambda"  # lambda in force (0 when disabled)
@@ -105,6 +111,7 @@ INBATCH_COLUMNS: tuple[str, ...] = (
     INBATCH_N_CORRECT_DISPLACED,
 )
 LLDS_COLUMNS: tuple[str, ...] = (LLDS_ENABLED, LLDS_LAMBDA, LLDS_LOSS, LLDS_FRAC_GATED)
+PROBE_COLUMNS: tuple[str, ...] = (PROBE_STILL,)
 
 # --- imported only: what other tools log that lld_monitor itself does not write ---------------
 # (docs/importers.md, "The mapping table": which foreign names fill them and what they mean)
@@ -136,6 +143,7 @@ STEP_COLUMNS: tuple[str, ...] = (
     *CONFIDENCE_COLUMNS,
     *DISPLACEMENT_COLUMNS,
     *INBATCH_COLUMNS,
+    *PROBE_COLUMNS,
     *LLDS_COLUMNS,
     *IMPORTED_COLUMNS,
 )

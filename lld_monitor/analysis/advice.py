@@ -45,6 +45,8 @@ _TITLES = {
     "truncation": "Completions truncated",
     "spike": "One-row spike",
     "mode_collapse": "Mode collapse",
+    "no_update": "The update did nothing",
+    "zero_grad": "Grad norm exactly 0",
     "phase": "Phase change",
 }
 #: The alert kinds this module phrases (an event of another kind keeps its own message).
@@ -80,7 +82,7 @@ def since_step(alert: Alert) -> int:
     """The step the alert's change began: the level shift's change step, the trend window's
     start, the first step a held condition held; else the alert's own step."""
     ev = alert.evidence
-    for key in ("change_step", "window_start"):
+    for key in ("change_step", "window_start", "since_step"):
         v = _f(ev, key)
         if math.isfinite(v):
             return int(v)
@@ -195,6 +197,13 @@ def _what(alert: Alert) -> str:
         return f"{100 * share:.0f}% identical groups, completions {_g(ln)} tokens (early {_g(l0)})"
     if kind == "phase":
         return f"{ev.get('phase_from', '?')} -> {ev.get('phase_to', '?')}"
+    if kind == "no_update":
+        return (
+            f"no probed log-prob moved on {ev.get('rows')} probed rows, loss "
+            f"{_g(_f(ev, 'loss'))}, grad norm {_g(_f(ev, 'grad_norm'))}"
+        )
+    if kind == "zero_grad":
+        return f"grad norm 0 on {ev.get('rows')} rows while groups had unequal rewards"
     return alert.message.split(";")[0]
 
 
@@ -305,6 +314,21 @@ def actions(alert: Alert) -> tuple[str, ...]:
         return (
             f"look at the batch of step {step} (an outlier sample, a numerical blip); act only if "
             "it repeats",
+        )
+    if kind == "no_update":
+        return (
+            "check the learning rate in force (a schedule at 0, warm-up that never ends) and "
+            "that the optimizer holds the trainable parameters (requires_grad, the adapter "
+            "attached and trainable: PEFT print_trainable_parameters)",
+            "look for skipped optimizer steps (fp16 loss scaling, NaN gradients) and, under "
+            "torch.compile or a weight-sync engine, that the trained weights are the ones sampled",
+        )
+    if kind == "zero_grad":
+        return (
+            "check that the loss reaches the trainable weights (not detached, the adapter "
+            "trainable) and the gradient clipping / scaling",
+            "compare with the learning signal: frac_zero_std_groups below 1 means some "
+            "advantages were not zero",
         )
     if kind == "mode_collapse":
         return (

@@ -175,6 +175,8 @@ class DetectorConfig:
     fast_tau: float = 5.0  # steps, time constant of the fast EMAs
     slow_tau: float = 50.0  # steps, time constant of the baselines
     nonfinite_grad_rows: int = 3  # consecutive non-finite grad norms before "nonfinite"
+    no_update_rows: int = 3  # probed rows in a row with no log-prob moved before "no_update"
+    zero_grad_rows: int = 3  # rows in a row with grad norm exactly 0 before "zero_grad"
     dead_zero_std: float = 0.95  # frac_zero_std_groups at or above = dead signal
     dead_reward_std: float = 1e-6  # reward_std at or below = dead signal
     failure_persist_steps: int = 10  # dead_signal / entropy_collapse / length_blowup persistence

@@ -63,6 +63,49 @@ def nonfinite_alert(
     )
 
 
+def no_update_alert(step: int, since: int, rows: int, loss: float, g: float, lr: float) -> Alert:
+    """The update that did nothing: ``rows`` probed rows since ``since`` without a moved
+    log-prob, while the step had a loss or a gradient."""
+    lr_said = f", learning rate {fmt(lr)}" if lr == lr else ""
+    msg = (
+        f"the update did nothing at step {step}: on {rows} probed rows in a row (since step "
+        f"{since}) no probed token's log-prob changed after the update, while the step had "
+        f"loss {fmt(loss)} and grad norm {fmt(g)}{lr_said}: the weights are not moving. Likely "
+        "causes: a learning rate of 0, frozen weights (requires_grad False, an adapter not "
+        "attached or not trained), an optimizer that does not step (skipped steps under fp16 "
+        "loss scaling, a compiled model whose parameters were copied); not a sign of LLD"
+    )
+    ev = {"since_step": since, "rows": rows, "loss": _enc(loss), "grad_norm": _enc(g)}
+    ev["learning_rate"] = _enc(lr)
+    return Alert(step, "no_update", "critical", msg, ev)
+
+
+def zero_grad_alert(
+    step: int, since: int, rows: int, loss: float, zstd: float, rstd: float
+) -> Alert:
+    """Grad norm exactly 0 on ``rows`` rows since ``since`` while some group had a signal."""
+    told = (
+        f"{100 * (1 - zstd):.0f}% of prompt groups had unequal rewards"
+        if zstd == zstd
+        else f"reward std {fmt(rstd)}"
+    )
+    msg = (
+        f"grad norm exactly 0 on {rows} rows in a row (since step {since}) while {told}, so "
+        f"GRPO's advantages were not all zero (loss {fmt(loss)}): no gradient reaches the "
+        "weights. Check that the trainable parameters are the ones the optimizer holds (an "
+        "adapter attached and trainable), that the loss is not detached from the graph, and "
+        "the gradient clipping and scaling; not a sign of LLD"
+    )
+    ev = {
+        "since_step": since,
+        "rows": rows,
+        "loss": _enc(loss),
+        "frac_zero_std_groups": _enc(zstd),
+        "reward_std": _enc(rstd),
+    }
+    return Alert(step, "zero_grad", "warning", msg, ev)
+
+
 def spike_alert(
     step: int, col: str, x: float, median: float, mad: float, base: float, n: int
 ) -> Alert:

@@ -48,6 +48,7 @@ INPUT_COLUMNS: tuple[str, ...] = (
     C.INBATCH_N_CORRECT,
     C.INBATCH_N_CORRECT_DISPLACED,
     C.FRAC_TRUNCATED,
+    C.PROBE_STILL,
 )
 
 #: The signals with EMAs (``stats.Ema``: fast, slow, window and dev, steps as time), each an
@@ -254,8 +255,9 @@ class Signals:
             self.inbatch_n_correct,
             self.inbatch_n_correct_displaced,
             self.frac_truncated,
+            self.probe_still,
         ) = v
-        rw, lp, fd, dc, g, h, kl, ln, loss, zstd, rstd, nc, lr, inc, ink, tr = v
+        rw, lp, fd, dc, g, h, kl, ln, loss, zstd, rstd, nc, lr, inc, ink, tr, still = v
         seen = self.seen
         if self.first_step != self.first_step:
             self.first_step = step
@@ -305,6 +307,8 @@ class Signals:
             self.trunc_rows = self.trunc_rows + 1 if fast >= cfg.truncation_frac else 0
         if nc - nc == 0.0:
             seen.add(C.N_CORRECT)
+        if still - still == 0.0:
+            seen.add(C.PROBE_STILL)
         if lr - lr == 0.0:
             seen.add(C.LEARNING_RATE)
         if zstd - zstd == 0.0:

@@ -416,6 +416,9 @@ def row_from_sums(host: list[float], reward_fns: Sequence[str]) -> dict[str, Any
         row.update({c: float("nan") for c in unknown if c in row})
     elif s["logp_nonfinite_new"] > 0:
         row.update({c: float("nan") for c in C.DISPLACEMENT_COLUMNS if c in row})
+    probes = s["n_probe"] + s["n_probe_still"]
+    if probes > 0:
+        row[C.PROBE_STILL] = s["n_probe_still"] / probes
     if s["inbatch_n_correct"] > 0:
         n_in, k_in = s["inbatch_n_correct"], s["inbatch_n_displaced"]
         row[C.INBATCH_N_CORRECT] = n_in

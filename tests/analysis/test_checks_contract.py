@@ -22,7 +22,10 @@ CFG = DetectorConfig()
 # their own minimum evidence (tested below)
 # their minimum evidence is their own, tested in their files: a non-finite value and the paper's
 # counts need no warm-up; the standard-metric checks count logged rows (tests/test_level_shift.py)
-NOT_WARM_GATED = {"nonfinite", "displacement", "level_shift", "mode_collapse"}
+NOT_WARM_GATED = {
+    *("nonfinite", "displacement", "level_shift", "mode_collapse"),
+    *("no_update", "zero_grad"),  # exact zeros: counted from the first row
+}
 
 
 def _values(rows_df) -> list[tuple[float, tuple[float, ...]]]:
@@ -42,6 +45,7 @@ def _runs() -> Iterator[list[tuple[float, tuple[float, ...]]]]:
     for kind in ("nonfinite", "dead_signal", "entropy_collapse", "length_blowup"):
         yield _values(make_run(kind, n_steps=250, seed=5).steps)
     yield _hostile_rows(120)
+    yield _frozen_rows(60)
     # standard-metric collapses in a short console log: mode collapse and a level shift
     yield _values(make_standard_run("mode_collapse", 3, short=True).steps)
     yield _values(make_standard_run("drop_dead", 4, short=True).steps)
@@ -64,6 +68,22 @@ def _hostile_rows(n: int) -> list[tuple[float, tuple[float, ...]]]:
             C.REWARD_STD: 0.0,
             C.FRAC_TRUNCATED: 1.0,
             C.LOGP_CORRECT: -0.3 - 0.05 * s,
+        }
+        out.append((float(s), tuple(row.get(c, math.nan) for c in INPUT_COLUMNS)))
+    return out
+
+
+def _frozen_rows(n: int) -> list[tuple[float, tuple[float, ...]]]:
+    """Updates that did nothing (every probe still, steps 0-29 and 45 on, probed every other
+    row) and zero grad norms while groups differ (steps 10-19 and 40-49): two episodes each."""
+    out = []
+    for s in range(n):
+        row = {
+            C.REWARD_MEAN: 0.4,
+            C.LOSS: 0.2,
+            C.GRAD_NORM: 0.0 if 10 <= s < 20 or 40 <= s < 50 else 0.5,
+            C.FRAC_ZERO_STD_GROUPS: 0.5,
+            C.PROBE_STILL: (1.0 if s < 30 or s >= 45 else 0.0) if s % 2 == 0 else math.nan,
         }
         out.append((float(s), tuple(row.get(c, math.nan) for c in INPUT_COLUMNS)))
     return out

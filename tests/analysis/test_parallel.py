@@ -174,6 +174,8 @@ def test_the_fork_is_only_for_long_fresh_tables_in_a_process_without_threads(mon
     monkeypatch.setattr(parallel, "MIN_ROWS", 100)
     # the checks that declare row_only, in the detector's order
     assert [type(det.checks[i]).__name__ for i in parallel.offloadable(det)] == [
+        "NoUpdate",
+        "ZeroGrad",
         "KlSpike",
         "GradSpike",
         "ModeCollapse",

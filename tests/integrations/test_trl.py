@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -1160,14 +1161,19 @@ def test_report_to_wandb_with_a_wandb_sink_logs_each_lld_column_once(
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_PROJECT", "lld-test")
+    if wandb.run is not None:  # (a run another test left active would take TRL's rows)
+        wandb.finish()
     sink = WandbSink()
     monitor = LLDMonitor(tmp_path / "run", sinks=[sink], detector=None)
     tr = make_grpo_trainer(tmp_path / "tr", max_steps=2, report_to="wandb")
     monitor.attach(tr)
     assert C.ACCURACY in sink.skip_columns  # (mirrored by the adapter into TRL's logs)
-    tr.train()
-    run_dir = next(p for p in (tmp_path / "wandb").glob("offline-run-*"))
-    wandb.finish()
+    try:
+        tr.train()
+        assert wandb.run is not None
+        run_dir = Path(wandb.run.dir).parent
+    finally:
+        wandb.finish()
     keys = {k for row in _history(_wandb_records(run_dir)) for k in row}
     trl_lld = {k[len("train/lld/") :] for k in keys if k.startswith("train/lld/")}
     ours = {k[len("lld/") :] for k in keys if k.startswith("lld/")}
@@ -1222,3 +1228,34 @@ def test_probe_rows_by_hand() -> None:
     assert probe_rows(torch.ones(3, dtype=torch.bool), 2, g).tolist() in ([0, 1], [0, 2], [1, 2])
     assert probe_rows(torch.zeros(3, dtype=torch.bool), 5, g).tolist() == [0, 1, 2]
     assert c[probe_rows(c, 1, g)].tolist() == [True]  # n = 1: the correct one
+
+
+def test_an_update_that_does_nothing_is_a_critical_alert(tmp_path: Any) -> None:
+    """Learning rate 0 on a real GRPOTrainer: the probe sees no log-prob move while the loss
+    and the gradient are not 0; on the third probed step the live detector raises the critical
+    ``no_update`` alert, and analyze says the same post hoc. A normal run gets none."""
+    from lld_monitor.analysis import analyze_run
+
+    monitor = LLDMonitor(tmp_path / "run", probe_fraction=0.5)
+    tr = make_grpo_trainer(tmp_path / "tr", max_steps=4, learning_rate=0.0)
+    monitor.attach(tr)
+    tr.train()
+    run = load_run(tmp_path / "run")
+    steps = run.steps
+    assert steps[C.PROBE_STILL].tolist() == [1.0] * 4
+    # the third step whose update was asked to do something (a loss or a gradient)
+    asked = steps[(steps[C.LOSS] != 0) | (steps[C.GRAD_NORM] > 0)][C.STEP].tolist()
+    assert len(asked) >= 3, steps
+    alerts = run.events[run.events[C.EVENT_TYPE] == "alert"]
+    hit = alerts[alerts[C.EVENT_KIND] == "no_update"]
+    assert hit[C.EVENT_STEP].tolist() == [asked[2]]
+    assert hit[C.EVENT_SEVERITY].tolist() == ["critical"]
+    post = [a for a in analyze_run(tmp_path / "run").alerts if a.kind == "no_update"]
+    assert [a.step for a in post] == [asked[2]]
+    ok = LLDMonitor(tmp_path / "ok", probe_fraction=0.5)
+    tr = make_grpo_trainer(tmp_path / "tr2", max_steps=4)
+    ok.attach(tr)
+    tr.train()
+    run = load_run(tmp_path / "ok")
+    assert run.steps[C.PROBE_STILL].tolist() == [0.0] * 4
+    assert "no_update" not in run.events[C.EVENT_KIND].tolist()

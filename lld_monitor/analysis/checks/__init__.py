@@ -19,6 +19,7 @@ from lld_monitor.analysis.checks.failures import (
     Truncation,
 )
 from lld_monitor.analysis.checks.level_shift import LevelShiftCollapse, ModeCollapse
+from lld_monitor.analysis.checks.no_update import NoUpdate, ZeroGrad
 from lld_monitor.analysis.checks.nonfinite import Nonfinite
 from lld_monitor.analysis.checks.spike import GradSpike, KlSpike
 from lld_monitor.analysis.checks.trends import TrendLevels
@@ -28,6 +29,8 @@ from lld_monitor.analysis.config import DetectorConfig
 CHECK_CLASSES: tuple[type[Check], ...] = (
     Displacement,
     Nonfinite,
+    NoUpdate,
+    ZeroGrad,
     KlSpike,
     GradSpike,
     DeadSignal,
@@ -61,11 +64,13 @@ __all__ = [
     "LengthBlowup",
     "LevelShiftCollapse",
     "ModeCollapse",
+    "NoUpdate",
     "Nonfinite",
     "PersistentCheck",
     "RewardDecline",
     "SharpDropCollapse",
     "TrendLevels",
     "Truncation",
+    "ZeroGrad",
     "default_checks",
 ]
