@@ -66,6 +66,17 @@ INBATCH_FRAC_CORRECT_DISPLACED = "inbatch_frac_correct_displaced"  # the ratio o
 # that does not step, an adapter not attached); absent when the step had no probe
 PROBE_STILL = "probe_still"
 
+# --- sampler vs trainer (vLLM / SGLang rollouts scored again by the trainer) ------------------
+# mean importance-sampling ratio pi_trainer / pi_sampler over generated tokens (~1 when the two
+# agree): TRL's sampling/importance_sampling_ratio/mean, verl's rollout_corr/rollout_is_mean
+IS_RATIO_MEAN = "is_ratio_mean"
+# mean |log pi_trainer - log pi_sampler| per generated token (nats): TRL's
+# sampling/sampling_logp_difference/mean
+SAMPLER_LOGP_DIFF = "sampler_logp_diff"
+# mean |pi_trainer - pi_sampler| per token (probability units): verl's
+# training/rollout_probs_diff_mean
+SAMPLER_PROB_DIFF = "sampler_prob_diff"
+
 # --- LLDS regularizer ------------------------------------------------------------------------
 LLDS_ENABLED = "llds_enabled"  # 0/1
 LLDS_LAMBDA = "llds_lambda"  # lambda in force (0 when disabled)
@@ -112,6 +123,7 @@ INBATCH_COLUMNS: tuple[str, ...] = (
 )
 LLDS_COLUMNS: tuple[str, ...] = (LLDS_ENABLED, LLDS_LAMBDA, LLDS_LOSS, LLDS_FRAC_GATED)
 PROBE_COLUMNS: tuple[str, ...] = (PROBE_STILL,)
+SAMPLER_COLUMNS: tuple[str, ...] = (IS_RATIO_MEAN, SAMPLER_LOGP_DIFF, SAMPLER_PROB_DIFF)
 
 # --- imported only: what other tools log that lld_monitor itself does not write ---------------
 # (docs/importers.md, "The mapping table": which foreign names fill them and what they mean)
@@ -144,6 +156,7 @@ STEP_COLUMNS: tuple[str, ...] = (
     *DISPLACEMENT_COLUMNS,
     *INBATCH_COLUMNS,
     *PROBE_COLUMNS,
+    *SAMPLER_COLUMNS,
     *LLDS_COLUMNS,
     *IMPORTED_COLUMNS,
 )

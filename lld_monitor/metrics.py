@@ -36,6 +36,7 @@ __all__ = [
     "stats_from_sums",
     "tool_rounds",
     "top_displaced_tokens",
+    "zero_padded_share",
 ]
 
 #: Names of the entries of :func:`displacement_sums`, in order. Sums and counts only, so a
@@ -292,6 +293,17 @@ def probe_rows(
     take = min(len(good), k - 1 if (len(bad) and k >= 2) else k)
     rows = torch.cat([good[:take], bad[: k - take]])
     return rows.sort().values
+
+
+def zero_padded_share(logps: torch.Tensor, mask: torch.Tensor) -> float:
+    """The share of the generated tokens (``mask`` [B, T] true) whose log-prob in ``logps``
+    [B, T] is exactly 0.0 (probability 1): near 1 for a sampler's log-probs padded with 0.0
+    instead of returned; NaN when ``mask`` marks no token."""
+    m = torch.as_tensor(mask).bool()
+    n = int(m.sum())
+    if n == 0:
+        return float("nan")
+    return float(((torch.as_tensor(logps) == 0.0) & m).sum()) / n
 
 
 def per_response_delta(

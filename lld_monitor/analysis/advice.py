@@ -46,6 +46,7 @@ _TITLES = {
     "spike": "One-row spike",
     "mode_collapse": "Mode collapse",
     "no_update": "The update did nothing",
+    "sampler_mismatch": "Sampler and trainer disagree",
     "zero_grad": "Grad norm exactly 0",
     "phase": "Phase change",
 }
@@ -204,6 +205,17 @@ def _what(alert: Alert) -> str:
         )
     if kind == "zero_grad":
         return f"grad norm 0 on {ev.get('rows')} rows while groups had unequal rewards"
+    if kind == "sampler_mismatch":
+        parts = []
+        for key, name in (
+            (C.IS_RATIO_MEAN, "IS-ratio mean"),
+            (C.SAMPLER_LOGP_DIFF, "|logp diff|"),
+            (C.SAMPLER_PROB_DIFF, "|prob diff|"),
+        ):
+            v = _f(ev, key)
+            if math.isfinite(v):
+                parts.append(f"{name} {_g(v)}")
+        return ", ".join(parts)
     return alert.message.split(";")[0]
 
 
@@ -322,6 +334,14 @@ def actions(alert: Alert) -> tuple[str, ...]:
             "attached and trainable: PEFT print_trainable_parameters)",
             "look for skipped optimizer steps (fp16 loss scaling, NaN gradients) and, under "
             "torch.compile or a weight-sync engine, that the trained weights are the ones sampled",
+        )
+    if kind == "sampler_mismatch":
+        return (
+            "compare the engine's and the trainer's dtypes (vLLM dtype, TRL/verl model dtype, "
+            "fp8 rollouts) and check that weights are synced to the engine after each update",
+            "keep the importance-sampling correction on (TRL vllm_importance_sampling_correction, "
+            "verl algorithm.rollout_correction) and look for log-probs padded with 0.0 or "
+            "misaligned masks",
         )
     if kind == "zero_grad":
         return (

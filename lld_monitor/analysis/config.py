@@ -177,6 +177,10 @@ class DetectorConfig:
     nonfinite_grad_rows: int = 3  # consecutive non-finite grad norms before "nonfinite"
     no_update_rows: int = 3  # probed rows in a row with no log-prob moved before "no_update"
     zero_grad_rows: int = 3  # rows in a row with grad norm exactly 0 before "zero_grad"
+    sampler_rows: int = 3  # rows in a row of sampler-trainer disagreement before the alert
+    sampler_is_band: float = 1.25  # IS-ratio mean outside [1/band, band]: disagreement
+    sampler_logp_diff: float = 0.1  # mean |logp_trainer - logp_sampler| (nats/token) at or above
+    sampler_prob_diff: float = 0.05  # verl's mean |p_trainer - p_sampler| at or above
     dead_zero_std: float = 0.95  # frac_zero_std_groups at or above = dead signal
     dead_reward_std: float = 1e-6  # reward_std at or below = dead signal
     failure_persist_steps: int = 10  # dead_signal / entropy_collapse / length_blowup persistence

@@ -106,6 +106,39 @@ def zero_grad_alert(
     return Alert(step, "zero_grad", "warning", msg, ev)
 
 
+def sampler_mismatch_alert(
+    step: int, since: int, rows: int, values: dict[str, float], cfg: Any
+) -> Alert:
+    """The sampler and the trainer disagree: the values of the row, the band, the causes."""
+    said = []
+    r = values[C.IS_RATIO_MEAN]
+    if r == r:
+        said.append(
+            f"importance-sampling ratio mean {fmt(r)} (trainer / sampler; ~1 when they agree, "
+            f"band {1 / cfg.sampler_is_band:.2f}-{cfg.sampler_is_band:.2f})"
+        )
+    d = values[C.SAMPLER_LOGP_DIFF]
+    if d == d:
+        said.append(
+            f"mean |log-prob difference| {fmt(d)} nats/token "
+            f"(at or above {cfg.sampler_logp_diff:g})"
+        )
+    p = values[C.SAMPLER_PROB_DIFF]
+    if p == p:
+        said.append(
+            f"mean |probability difference| {fmt(p)} (at or above {cfg.sampler_prob_diff:g})"
+        )
+    msg = (
+        f"sampler and trainer disagree at step {step}, on {rows} rows in a row (since step "
+        f"{since}): {'; '.join(said)}. The rollouts were sampled from a policy other than the "
+        "one trained: likely an engine-trainer dtype or kernel mismatch (bf16 vs fp32 logits, "
+        "fp8 rollouts), weights not synced to the inference engine after an update, or an "
+        "estimator bug (log-probs padded with 0, masks misaligned); not a sign of LLD"
+    )
+    ev = {"since_step": since, "rows": rows, **{k: _enc(v) for k, v in values.items()}}
+    return Alert(step, "sampler_mismatch", "warning", msg, ev)
+
+
 def spike_alert(
     step: int, col: str, x: float, median: float, mad: float, base: float, n: int
 ) -> Alert:

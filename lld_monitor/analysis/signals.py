@@ -49,7 +49,13 @@ INPUT_COLUMNS: tuple[str, ...] = (
     C.INBATCH_N_CORRECT_DISPLACED,
     C.FRAC_TRUNCATED,
     C.PROBE_STILL,
+    C.IS_RATIO_MEAN,
+    C.SAMPLER_LOGP_DIFF,
+    C.SAMPLER_PROB_DIFF,
 )
+
+#: The sampler-vs-trainer inputs (the last of ``INPUT_COLUMNS``).
+SAMPLER_INPUTS: tuple[str, ...] = (C.IS_RATIO_MEAN, C.SAMPLER_LOGP_DIFF, C.SAMPLER_PROB_DIFF)
 
 #: The signals with EMAs (``stats.Ema``: fast, slow, window and dev, steps as time), each an
 #: attribute of ``Signals`` named ``<signal>_ema``, and the key of the step of its last value in
@@ -256,8 +262,11 @@ class Signals:
             self.inbatch_n_correct_displaced,
             self.frac_truncated,
             self.probe_still,
+            self.is_ratio_mean,
+            self.sampler_logp_diff,
+            self.sampler_prob_diff,
         ) = v
-        rw, lp, fd, dc, g, h, kl, ln, loss, zstd, rstd, nc, lr, inc, ink, tr, still = v
+        rw, lp, fd, dc, g, h, kl, ln, loss, zstd, rstd, nc, lr, inc, ink, tr, still = v[:17]
         seen = self.seen
         if self.first_step != self.first_step:
             self.first_step = step
@@ -309,6 +318,9 @@ class Signals:
             seen.add(C.N_CORRECT)
         if still - still == 0.0:
             seen.add(C.PROBE_STILL)
+        for col, x in zip(SAMPLER_INPUTS, v[17:], strict=True):
+            if x - x == 0.0:
+                seen.add(col)
         if lr - lr == 0.0:
             seen.add(C.LEARNING_RATE)
         if zstd - zstd == 0.0:

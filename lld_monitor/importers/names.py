@@ -125,6 +125,12 @@ FOREIGN_NAMES: dict[str, tuple[str, ...]] = {
     ),
     C.NUM_SEARCHES: ("tools/call_frequency", "env/number_of_valid_search"),
     C.FRAC_ZERO_STD_GROUPS: ("frac_reward_zero_std",),
+    # sampler vs trainer: TRL (grpo_trainer.py, with vllm_importance_sampling_correction) and
+    # verl (trainer/ppo/rollout_corr_helper.py: rollout_corr/*; utils/debug/metrics.py:
+    # training/rollout_probs_diff_*, the absolute difference of the two token probabilities)
+    C.IS_RATIO_MEAN: ("sampling/importance_sampling_ratio/mean", "rollout_corr/rollout_is_mean"),
+    C.SAMPLER_LOGP_DIFF: ("sampling/sampling_logp_difference/mean",),
+    C.SAMPLER_PROB_DIFF: ("training/rollout_probs_diff_mean",),
     # the paper authors' verl fork (Search-R1 + LLDS): the lambda in force; a public
     # reimplementation's actor/lld_coef
     C.LLDS_LAMBDA: ("actor/loss_noreduce_coef", "loss_noreduce_coef", "actor/lld_coef", "lld_coef"),

@@ -38,7 +38,7 @@ from lld_monitor.integrations.transformers import (
     dropout_problem,
     signature_problems,
 )
-from lld_monitor.metrics import last_action_mask, probe_rows, tool_rounds
+from lld_monitor.metrics import last_action_mask, probe_rows, tool_rounds, zero_padded_share
 
 logger = logging.getLogger("lld_monitor")
 
@@ -113,6 +113,14 @@ TRAINER_LOG_COLUMNS: tuple[str, ...] = (
     *C.LLDS_COLUMNS,
 )
 TRAINER_LOG_PREFIX = "lld/"
+#: TRL's own sampler-vs-trainer metrics (computed with vLLM and its importance-sampling
+#: correction) copied into the row when the step appended new values: TRL key -> column.
+TRL_SAMPLER_METRICS: dict[str, str] = {
+    "sampling/importance_sampling_ratio/mean": C.IS_RATIO_MEAN,
+    "sampling/sampling_logp_difference/mean": C.SAMPLER_LOGP_DIFF,
+}
+#: The share of generated tokens with a sampler log-prob of exactly 0.0 that reads as padding.
+SAMPLER_ZERO_SHARE = 0.5
 
 
 def check_trl_version(version: str | None = None) -> Version:
@@ -249,6 +257,8 @@ class GRPOAdapter(TrainerAdapter):
         self._capture: list[Any] | None = None
         self._tool_counts: tuple[int, int] | None = None  # (calls, failures) of this generation
         self._warned: set[str] = set()
+        # TRL metric -> (its list, values read): _sampler_metrics
+        self._sampler_seen: dict[str, tuple[Any, int]] = {}
         self.probe_records: list[Any] = []  # the ProbeRecords of the last step (tests, drill-down)
         self.probe_inputs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, attention) each
         # strict mode only: inputs of the last LLDS_RECORDS_KEPT LLDS terms (tests, drill-down)
@@ -443,6 +453,7 @@ class GRPOAdapter(TrainerAdapter):
             if total_all.numel() % g == 0 and g > 1 and tr.accelerator.is_main_process:
                 zero = zero_std_groups(total_all.view(-1, g))  # [N_all / G]
                 self.monitor.observe_groups(zero.sum(), zero.numel())
+        self._check_sampler_logps(out)
         searches = None  # [B]: no tool feedback in this batch means no searches (V = 0)
         if self._tool_counts is not None or out.get("tool_mask") is not None:
             searches = self._valid_searches(out)  # [B]
@@ -753,6 +764,32 @@ class GRPOAdapter(TrainerAdapter):
             "stepped": stepped,
         }
 
+    def _check_sampler_logps(self, out: Mapping[str, Any]) -> None:
+        """Once: the sampler's log-probs (``sampling_per_token_logps``, vLLM) padded with 0.0
+        on most generated tokens while the trainer's are not: its importance-sampling ratio is
+        then meaningless (a critical lifecycle event, said where the trainer computes it)."""
+        sampled = out.get("sampling_per_token_logps")
+        if sampled is None or "sampler_zero_padded" in self._warned:
+            return
+        mask = out["completion_mask"]
+        share = zero_padded_share(sampled, mask)
+        old = out.get("old_per_token_logps")
+        trainer_share = zero_padded_share(old, mask) if old is not None else 0.0
+        if not (share >= SAMPLER_ZERO_SHARE and trainer_share < SAMPLER_ZERO_SHARE):
+            return
+        self._warned.add("sampler_zero_padded")
+        step = int(self.trainer.state.global_step) + 1
+        message = (
+            f"step {step}: {share:.0%} of the generated tokens' sampler log-probs "
+            "(sampling_per_token_logps) are exactly 0.0 (probability 1) while the trainer's are "
+            f"not ({trainer_share:.0%}): the inference engine's log-probs look padded with 0.0, "
+            "not returned, so the importance-sampling correction and its ratio are meaningless. "
+            "Check the engine's logprobs setting and the version pairing of TRL and vLLM"
+        )
+        warn_user(f"lld_monitor: {message}")
+        evidence = {"zero_share": share, "trainer_zero_share": trainer_share}
+        self.monitor._emit("lifecycle", step, "sampler_zero_padded", message, "critical", evidence)
+
     def _say_why_no_correct(self, correct: torch.Tensor, advantages: torch.Tensor | None) -> None:
         """Once per reason: a generation batch without a correct response leaves the step's
         displacement columns empty; say why and what to change (a lifecycle event, info)."""
@@ -826,6 +863,8 @@ class GRPOAdapter(TrainerAdapter):
         self.probe_inputs.append((input_ids, attention))
 
     def finish_step(self, step: int, extra: Any) -> dict[str, Any]:
+        with self.monitor.guard("TRL sampler metrics"):
+            extra = {**(extra or {}), **self._sampler_metrics()}
         row = super().finish_step(step, extra)
         with self.monitor.guard("TRL metrics"):
             metrics = self.trainer._metrics["train"]
@@ -834,6 +873,26 @@ class GRPOAdapter(TrainerAdapter):
                 if isinstance(value, int | float) and math.isfinite(value):
                     metrics[TRAINER_LOG_PREFIX + col].append(float(value))
         return row
+
+    def _sampler_metrics(self) -> dict[str, float]:
+        """TRL's sampler-vs-trainer means appended since the last step (``TRL_SAMPLER_METRICS``),
+        each the mean of its new values; {} when TRL computed none (no vLLM)."""
+        metrics = self.trainer._metrics["train"]
+        seen = self._sampler_seen
+        out: dict[str, float] = {}
+        for key, col in TRL_SAMPLER_METRICS.items():
+            held = metrics.get(key)
+            values = list(held) if held is not None else []
+            # (the list itself is kept, not its id: a new list may reuse a freed one's id)
+            kept, start = seen.get(key, (None, 0))
+            if kept is not held or len(values) < start:  # TRL cleared its lists at a log
+                start = 0
+            new = [float(v) for v in values[start:] if isinstance(v, int | float)]
+            seen[key] = (held, len(values))
+            new = [v for v in new if math.isfinite(v)]
+            if new:
+                out[col] = sum(new) / len(new)
+        return out
 
     def on_train_end(self, state: Any) -> None:
         self._gens.clear()

@@ -24,7 +24,7 @@ CFG = DetectorConfig()
 # counts need no warm-up; the standard-metric checks count logged rows (tests/test_level_shift.py)
 NOT_WARM_GATED = {
     *("nonfinite", "displacement", "level_shift", "mode_collapse"),
-    *("no_update", "zero_grad"),  # exact zeros: counted from the first row
+    *("no_update", "zero_grad", "sampler_mismatch"),  # exact bands: from the first row
 }
 
 
@@ -75,7 +75,8 @@ def _hostile_rows(n: int) -> list[tuple[float, tuple[float, ...]]]:
 
 def _frozen_rows(n: int) -> list[tuple[float, tuple[float, ...]]]:
     """Updates that did nothing (every probe still, steps 0-29 and 45 on, probed every other
-    row) and zero grad norms while groups differ (steps 10-19 and 40-49): two episodes each."""
+    row), zero grad norms while groups differ (steps 10-19 and 40-49) and a sampler that
+    disagrees with the trainer (steps 0-14 and 35 on): two episodes each."""
     out = []
     for s in range(n):
         row = {
@@ -84,6 +85,7 @@ def _frozen_rows(n: int) -> list[tuple[float, tuple[float, ...]]]:
             C.GRAD_NORM: 0.0 if 10 <= s < 20 or 40 <= s < 50 else 0.5,
             C.FRAC_ZERO_STD_GROUPS: 0.5,
             C.PROBE_STILL: (1.0 if s < 30 or s >= 45 else 0.0) if s % 2 == 0 else math.nan,
+            C.IS_RATIO_MEAN: 0.5 if s < 15 or s >= 35 else 1.0,
         }
         out.append((float(s), tuple(row.get(c, math.nan) for c in INPUT_COLUMNS)))
     return out

@@ -176,6 +176,7 @@ def test_the_fork_is_only_for_long_fresh_tables_in_a_process_without_threads(mon
     assert [type(det.checks[i]).__name__ for i in parallel.offloadable(det)] == [
         "NoUpdate",
         "ZeroGrad",
+        "SamplerMismatch",
         "KlSpike",
         "GradSpike",
         "ModeCollapse",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -1259,3 +1260,53 @@ def test_an_update_that_does_nothing_is_a_critical_alert(tmp_path: Any) -> None:
     run = load_run(tmp_path / "ok")
     assert run.steps[C.PROBE_STILL].tolist() == [0.0] * 4
     assert "no_update" not in run.events[C.EVENT_KIND].tolist()
+
+
+class _SamplerMetrics(TrainerCallback):
+    """Appends TRL's sampler-vs-trainer metric as TRL does when it samples with vLLM (this test
+    has no vLLM): an importance-sampling ratio mean of ``ratio`` every step."""
+
+    def __init__(self, trainer: Any, ratio: float) -> None:
+        self.trainer, self.ratio = trainer, ratio
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        key = "sampling/importance_sampling_ratio/mean"
+        self.trainer._metrics["train"][key].append(self.ratio)
+
+
+@pytest.mark.parametrize(("ratio", "alerted"), [(0.57, True), (0.99, False)])
+def test_trls_sampler_metrics_reach_the_row_and_the_mismatch_check(
+    tmp_path: Any, ratio: float, alerted: bool
+) -> None:
+    monitor = LLDMonitor(tmp_path / "run")
+    tr = make_grpo_trainer(tmp_path / "tr", max_steps=4)
+    tr.add_callback(_SamplerMetrics(tr, ratio))
+    monitor.attach(tr)
+    tr.train()
+    run = load_run(tmp_path / "run")
+    assert run.steps[C.IS_RATIO_MEAN].tolist() == [ratio] * 4
+    kinds = run.events[run.events[C.EVENT_TYPE] == "alert"][C.EVENT_KIND].tolist()
+    assert ("sampler_mismatch" in kinds) == alerted, kinds
+
+
+def test_sampler_logps_padded_with_zero_are_flagged(tmp_path: Any) -> None:
+    from lld_monitor.metrics import zero_padded_share
+
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    assert zero_padded_share(torch.tensor([[0.0, 0.0, -1.0, 0.0], [0.0, -2.0, 0, 0]]), mask) == 0.6
+    assert math.isnan(zero_padded_share(torch.zeros(1, 2), torch.zeros(1, 2)))
+    monitor = LLDMonitor(tmp_path / "run", detector=None)
+    tr = make_grpo_trainer(tmp_path / "tr", max_steps=1)
+    monitor.attach(tr)
+    out = {
+        "completion_mask": mask,
+        "sampling_per_token_logps": torch.zeros(2, 4),
+        "old_per_token_logps": torch.full((2, 4), -1.5),
+    }
+    with pytest.warns(UserWarning, match="padded with 0.0"):
+        monitor.adapter._check_sampler_logps(out)
+    monitor.adapter._check_sampler_logps(out)  # said once
+    tr.train()
+    events = load_run(tmp_path / "run").events
+    said = events[events[C.EVENT_KIND] == "sampler_zero_padded"]
+    assert len(said) == 1 and said[C.EVENT_SEVERITY].iloc[0] == "critical"

@@ -21,6 +21,7 @@ from lld_monitor.analysis.checks.failures import (
 from lld_monitor.analysis.checks.level_shift import LevelShiftCollapse, ModeCollapse
 from lld_monitor.analysis.checks.no_update import NoUpdate, ZeroGrad
 from lld_monitor.analysis.checks.nonfinite import Nonfinite
+from lld_monitor.analysis.checks.sampler import SamplerMismatch
 from lld_monitor.analysis.checks.spike import GradSpike, KlSpike
 from lld_monitor.analysis.checks.trends import TrendLevels
 from lld_monitor.analysis.config import DetectorConfig
@@ -31,6 +32,7 @@ CHECK_CLASSES: tuple[type[Check], ...] = (
     Nonfinite,
     NoUpdate,
     ZeroGrad,
+    SamplerMismatch,
     KlSpike,
     GradSpike,
     DeadSignal,
@@ -68,6 +70,7 @@ __all__ = [
     "Nonfinite",
     "PersistentCheck",
     "RewardDecline",
+    "SamplerMismatch",
     "SharpDropCollapse",
     "TrendLevels",
     "Truncation",
