@@ -47,6 +47,7 @@ _TITLES = {
     "mode_collapse": "Mode collapse",
     "no_update": "The update did nothing",
     "sampler_mismatch": "Sampler and trainer disagree",
+    "llds_inert": "LLDS is on but adds nothing",
     "zero_grad": "Grad norm exactly 0",
     "phase": "Phase change",
 }
@@ -205,6 +206,9 @@ def _what(alert: Alert) -> str:
         )
     if kind == "zero_grad":
         return f"grad norm 0 on {ev.get('rows')} rows while groups had unequal rewards"
+    if kind == "llds_inert":
+        reason = str(ev.get("reason", "?")).replace("_", " ")
+        return f"loss exactly 0 on {ev.get('rows')} rows ({reason})"
     if kind == "sampler_mismatch":
         parts = []
         for key, name in (
@@ -334,6 +338,22 @@ def actions(alert: Alert) -> tuple[str, ...]:
             "attached and trainable: PEFT print_trainable_parameters)",
             "look for skipped optimizer steps (fp16 loss scaling, NaN gradients) and, under "
             "torch.compile or a weight-sync engine, that the trained weights are the ones sampled",
+        )
+    if kind == "llds_inert":
+        return (
+            {
+                "zero_variance": "give the groups a chance to differ: num_generations (TRL) or "
+                "actor_rollout_ref.rollout.n (verl) >= 4, a higher temperature",
+                "gate_never_fires": "reuse each generation batch (TRL num_iterations > 1 or "
+                "steps_per_generation > gradient_accumulation_steps; verl ppo_mini_batch_size "
+                "below the batch) and keep groups of 4 or more (num_generations)",
+            }.get(
+                str(alert.evidence.get("reason")),
+                "reuse each generation batch: TRL num_iterations > 1 or steps_per_generation > "
+                "gradient_accumulation_steps; verl ppo_mini_batch_size below the batch",
+            ),
+            "the monitor's attach-time checks name the setting (llds_check_reuse, "
+            "llds_check_generations lifecycle events)",
         )
     if kind == "sampler_mismatch":
         return (

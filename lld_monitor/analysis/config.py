@@ -177,6 +177,7 @@ class DetectorConfig:
     nonfinite_grad_rows: int = 3  # consecutive non-finite grad norms before "nonfinite"
     no_update_rows: int = 3  # probed rows in a row with no log-prob moved before "no_update"
     zero_grad_rows: int = 3  # rows in a row with grad norm exactly 0 before "zero_grad"
+    llds_inert_rows: int = 20  # rows in a row with LLDS on and its loss exactly 0
     sampler_rows: int = 3  # rows in a row of sampler-trainer disagreement before the alert
     sampler_is_band: float = 1.25  # IS-ratio mean outside [1/band, band]: disagreement
     sampler_logp_diff: float = 0.1  # mean |logp_trainer - logp_sampler| (nats/token) at or above

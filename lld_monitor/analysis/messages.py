@@ -106,6 +106,46 @@ def zero_grad_alert(
     return Alert(step, "zero_grad", "warning", msg, ev)
 
 
+def llds_inert_alert(
+    step: int, since: int, rows: int, lam: float, zstd: float, gated: float
+) -> Alert:
+    """LLDS on and adding nothing for ``rows`` rows since ``since``, with the likely reason."""
+    if zstd == zstd and zstd >= 0.75:
+        reason = "zero_variance"
+        why = (
+            f"{100 * zstd:.0f}% of the prompt groups got one reward (advantage 0): few "
+            "responses are preserving with a gradient; use more samples per prompt "
+            "(num_generations / rollout.n >= 4, the paper uses 5), a higher temperature, or "
+            "prompts the policy solves sometimes"
+        )
+    elif gated == gated and gated == 0.0:
+        reason = "gate_never_fires"
+        why = (
+            "its gate never fired (llds_frac_gated 0): either the generation batch is not "
+            "reused (on a batch trained once the current policy is the sampling one: TRL "
+            "num_iterations > 1 or steps_per_generation > gradient_accumulation_steps, verl "
+            "ppo_mini_batch_size below the batch), or no preserving action lost likelihood "
+            "during its reuse (with groups of 2 most groups tie, the public Search-R1 "
+            "reproduction's case: num_generations >= 4)"
+        )
+    else:
+        reason = "no_reuse"
+        why = (
+            "most likely the generation batch is not reused: on a batch trained once the "
+            "current policy is the sampling one and LLDS is 0 by construction; TRL "
+            "num_iterations > 1 or steps_per_generation > gradient_accumulation_steps, verl "
+            "ppo_mini_batch_size below the batch or ppo_epochs > 1"
+        )
+    lam_said = f" (lambda {fmt(lam)})" if lam == lam else ""
+    msg = (
+        f"LLDS is on{lam_said} but added nothing on {rows} rows in a row (since step {since}): "
+        f"its loss is exactly 0; {why}"
+    )
+    ev = {"since_step": since, "rows": rows, "reason": reason, "llds_lambda": _enc(lam)}
+    ev |= {"frac_zero_std_groups": _enc(zstd), "llds_frac_gated": _enc(gated)}
+    return Alert(step, "llds_inert", "warning", msg, ev)
+
+
 def sampler_mismatch_alert(
     step: int, since: int, rows: int, values: dict[str, float], cfg: Any
 ) -> Alert:

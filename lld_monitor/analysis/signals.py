@@ -52,10 +52,12 @@ INPUT_COLUMNS: tuple[str, ...] = (
     C.IS_RATIO_MEAN,
     C.SAMPLER_LOGP_DIFF,
     C.SAMPLER_PROB_DIFF,
+    C.LLDS_ENABLED,
+    C.LLDS_LAMBDA,
+    C.LLDS_LOSS,
+    C.LLDS_FRAC_GATED,
+    C.LLDS_LOSS_WEIGHTED,
 )
-
-#: The sampler-vs-trainer inputs (the last of ``INPUT_COLUMNS``).
-SAMPLER_INPUTS: tuple[str, ...] = (C.IS_RATIO_MEAN, C.SAMPLER_LOGP_DIFF, C.SAMPLER_PROB_DIFF)
 
 #: The signals with EMAs (``stats.Ema``: fast, slow, window and dev, steps as time), each an
 #: attribute of ``Signals`` named ``<signal>_ema``, and the key of the step of its last value in
@@ -265,6 +267,11 @@ class Signals:
             self.is_ratio_mean,
             self.sampler_logp_diff,
             self.sampler_prob_diff,
+            self.llds_enabled,
+            self.llds_lambda,
+            self.llds_loss,
+            self.llds_frac_gated,
+            self.llds_loss_weighted,
         ) = v
         rw, lp, fd, dc, g, h, kl, ln, loss, zstd, rstd, nc, lr, inc, ink, tr, still = v[:17]
         seen = self.seen
@@ -318,7 +325,7 @@ class Signals:
             seen.add(C.N_CORRECT)
         if still - still == 0.0:
             seen.add(C.PROBE_STILL)
-        for col, x in zip(SAMPLER_INPUTS, v[17:], strict=True):
+        for col, x in zip(INPUT_COLUMNS[17:], v[17:], strict=True):
             if x - x == 0.0:
                 seen.add(col)
         if lr - lr == 0.0:

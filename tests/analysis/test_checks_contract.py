@@ -24,7 +24,7 @@ CFG = DetectorConfig()
 # counts need no warm-up; the standard-metric checks count logged rows (tests/test_level_shift.py)
 NOT_WARM_GATED = {
     *("nonfinite", "displacement", "level_shift", "mode_collapse"),
-    *("no_update", "zero_grad", "sampler_mismatch"),  # exact bands: from the first row
+    *("no_update", "zero_grad", "sampler_mismatch", "llds_inert"),  # exact: from row 1
 }
 
 
@@ -86,6 +86,8 @@ def _frozen_rows(n: int) -> list[tuple[float, tuple[float, ...]]]:
             C.FRAC_ZERO_STD_GROUPS: 0.5,
             C.PROBE_STILL: (1.0 if s < 30 or s >= 45 else 0.0) if s % 2 == 0 else math.nan,
             C.IS_RATIO_MEAN: 0.5 if s < 15 or s >= 35 else 1.0,
+            C.LLDS_ENABLED: 1,
+            C.LLDS_LOSS: 0.0 if s < 25 or s >= 30 else 0.01,
         }
         out.append((float(s), tuple(row.get(c, math.nan) for c in INPUT_COLUMNS)))
     return out

@@ -177,6 +177,7 @@ def test_the_fork_is_only_for_long_fresh_tables_in_a_process_without_threads(mon
         "NoUpdate",
         "ZeroGrad",
         "SamplerMismatch",
+        "LldsInert",
         "KlSpike",
         "GradSpike",
         "ModeCollapse",

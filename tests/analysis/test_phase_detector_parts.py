@@ -71,9 +71,9 @@ def test_new_check_state_saved_under_its_key_and_fresh_from_an_older_state() -> 
 
 def test_checks_are_in_the_order_of_their_alerts() -> None:
     keys = [c.key for c in PhaseDetector().checks]
-    assert keys[:7] == [
+    assert keys[:8] == [
         *("displacement", "nonfinite", "no_update", "zero_grad", "sampler_mismatch"),
-        *("spike:kl", "spike:grad_norm"),
+        *("llds_inert", "spike:kl", "spike:grad_norm"),
     ]
     assert keys[-4:] == ["trend_levels", "sharp_collapse", "mode_collapse", "level_shift"]
 

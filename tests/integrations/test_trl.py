@@ -1310,3 +1310,24 @@ def test_sampler_logps_padded_with_zero_are_flagged(tmp_path: Any) -> None:
     events = load_run(tmp_path / "run").events
     said = events[events[C.EVENT_KIND] == "sampler_zero_padded"]
     assert len(said) == 1 and said[C.EVENT_SEVERITY].iloc[0] == "critical"
+
+
+def test_llds_on_without_batch_reuse_gets_the_inert_warning_with_its_reason(tmp_path: Any) -> None:
+    """num_iterations=1 and one update per generation batch: LLDS is on and identically 0. The
+    live detector says so after 20 steps with the reason the row gives (its gate never fired:
+    no reuse or nothing displaced), and analyze says the same from the run log."""
+    from lld_monitor.analysis import analyze_run
+
+    monitor = LLDMonitor(tmp_path / "run", llds=LLDSConfig(lam=0.2))
+    with pytest.warns(UserWarning):  # (the attach-time check: LLDS cannot act)
+        tr = make_grpo_trainer(tmp_path / "tr", max_steps=20, reward_funcs=[reward_length])
+        monitor.attach(tr)
+    tr.train()
+    run = load_run(tmp_path / "run")
+    assert (run.steps[C.LLDS_ENABLED] == 1).all() and (run.steps[C.LLDS_LOSS] == 0).all()
+    alerts = run.events[run.events[C.EVENT_TYPE] == "alert"]
+    hit = alerts[alerts[C.EVENT_KIND] == "llds_inert"]
+    assert hit[C.EVENT_STEP].tolist() == [20]
+    assert "either the generation batch is not reused" in hit[C.EVENT_MESSAGE].iloc[0]
+    post = [a for a in analyze_run(tmp_path / "run").alerts if a.kind == "llds_inert"]
+    assert [(a.step, a.evidence["reason"]) for a in post] == [(20, "gate_never_fires")]

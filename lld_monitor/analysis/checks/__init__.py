@@ -19,6 +19,7 @@ from lld_monitor.analysis.checks.failures import (
     Truncation,
 )
 from lld_monitor.analysis.checks.level_shift import LevelShiftCollapse, ModeCollapse
+from lld_monitor.analysis.checks.llds import LldsInert
 from lld_monitor.analysis.checks.no_update import NoUpdate, ZeroGrad
 from lld_monitor.analysis.checks.nonfinite import Nonfinite
 from lld_monitor.analysis.checks.sampler import SamplerMismatch
@@ -33,6 +34,7 @@ CHECK_CLASSES: tuple[type[Check], ...] = (
     NoUpdate,
     ZeroGrad,
     SamplerMismatch,
+    LldsInert,
     KlSpike,
     GradSpike,
     DeadSignal,
@@ -65,6 +67,7 @@ __all__ = [
     "KlSpike",
     "LengthBlowup",
     "LevelShiftCollapse",
+    "LldsInert",
     "ModeCollapse",
     "NoUpdate",
     "Nonfinite",
