@@ -46,6 +46,9 @@ class MonitorConfig:
     meta: Mapping[str, Any] | None = None
     llds_with_dropout: bool = False
     resume: bool = False
+    # the LLDS watchdog (llds_watchdog.py): off by default, auto_llds or not; it did worse
+    # than a fixed lambda on the testbed (sample_runs/README.md, "The LLDS watchdog")
+    llds_watchdog: bool = False
 
 
 def check_probe_fraction(probe_fraction: float) -> float:
@@ -119,6 +122,7 @@ def config_meta(
     llds_with_dropout: bool,
     detector: Any | None,
     llds: Any,
+    watchdog: Any | None = None,
 ) -> dict[str, Any]:
     """meta.json's ``config``: the monitor's settings (``llds`` is the ``LLDSConfig`` in force)."""
     return {
@@ -132,6 +136,7 @@ def config_meta(
         "checkpoint_on_collapse": actions.checkpoint_on_collapse,
         "token_samples_per_step": tokens.token_samples,
         "llds_with_dropout": llds_with_dropout,
+        "llds_watchdog": None if watchdog is None else dict(vars(watchdog.config)),
         "response_samples_per_step": tokens.response_samples,
         "detector": type(detector).__name__ if detector is not None else None,
         # every setting of the detector (``DetectorConfig.to_dict``: the level-shift and

@@ -89,6 +89,7 @@ class LLDMonitor:
         meta: Mapping[str, Any] | None = None,
         llds_with_dropout: bool = False,
         resume: bool = False,
+        llds_watchdog: bool = False,
     ) -> None:
         keywords = MonitorConfig(
             llds=llds,
@@ -108,6 +109,7 @@ class LLDMonitor:
             meta=meta,
             llds_with_dropout=llds_with_dropout,
             resume=resume,
+            llds_watchdog=llds_watchdog,
         )
         if config is None:
             config = keywords
@@ -144,6 +146,10 @@ class LLDMonitor:
             token_samples_per_step, response_samples_per_step, self.strict, self.guard
         )
         self.llds_with_dropout = bool(llds_with_dropout)
+        from lld_monitor.monitor.llds_watchdog import LLDSWatchdog
+
+        #: The LLDS watchdog (llds_watchdog.py), or None when off (the default).
+        self.watchdog = LLDSWatchdog() if config.llds_watchdog else None
         self.resume = bool(resume)
         #: Last step already in a resumed folder: rows, token samples and events of steps up to
         #: it are not written again (a run resumed from an earlier checkpoint replays them).
@@ -245,6 +251,7 @@ class LLDMonitor:
             llds_with_dropout=self.llds_with_dropout,
             detector=self.detector,
             llds=self.llds.config,
+            watchdog=self.watchdog,
         )
 
     # -- failure policy (failure.py) ---------------------------------------------------------------
@@ -674,8 +681,19 @@ class LLDMonitor:
     # -- detector and actions (actions.py) ---------------------------------------------------------
 
     def _detect(self, row: Mapping[str, Any], step: int) -> None:
-        """Feed the detector (every rank, same rows -> same alerts) and act on its alerts."""
+        """Feed the detector (every rank, same rows -> same alerts) and act on its alerts; then
+        the LLDS watchdog (rank 0 decides the switch; the other ranks adopt it)."""
         self.responder.update(row, step)
+        if self.watchdog is None or self.rank != 0:
+            return
+        with self.guard("llds watchdog"):
+            decision = self.watchdog.update(row, self.llds.enabled, self.llds.lam)
+            if decision is None:
+                return
+            if decision.action == "off":
+                self.llds.disable(reason=decision.reason)
+            else:
+                self.llds.enable(decision.lam, reason=decision.reason)
 
     def decide(self, alert: Alert) -> list[tuple[str, str]]:
         """The actions this monitor's settings take on ``alert``: ``[(action, reason), ...]``."""

@@ -387,6 +387,7 @@ def monitored_run(
     meta: dict[str, Any] | None = None,
     setup: ToySetup | None = None,
     auto_llds_on: tuple[str, ...] | None = None,
+    llds_watchdog: bool = False,
 ) -> dict[str, Any]:
     """A toy run with ``LLDMonitor`` attached, writing its run log to ``run_dir``.
 
@@ -396,7 +397,7 @@ def monitored_run(
     ``toy_summary.json`` (config, start and final accuracy, wall time) into ``run_dir``.
     ``setup`` reuses a warm-started policy (it is trained in place; pass a copy to pair runs).
     ``token_samples_per_step`` and ``response_samples_per_step`` go to the monitor (both 0: a
-    run log without token samples).
+    run log without token samples). ``llds_watchdog``: the monitor's.
     """
     import json
 
@@ -417,6 +418,7 @@ def monitored_run(
         token_samples_per_step=token_samples_per_step,
         response_samples_per_step=response_samples_per_step,
         meta={"toy_config": cfg.to_dict(), "llds_mode": llds, **(meta or {})},
+        llds_watchdog=llds_watchdog,
     )
     error: BaseException | None = None
     try:
