@@ -302,7 +302,7 @@ class GRPOAdapter(TrainerAdapter):
         if self.monitor.rank == 0:
             warn_user(f"lld_monitor: {message}")
         evidence = {"step": step, "generate_every_micro_batches": every}
-        self.monitor._emit("lifecycle", step, "resume_off_boundary", message, "warning", evidence)
+        self.monitor.lifecycle_event(step, "resume_off_boundary", message, "warning", evidence)
 
     def _no_wandb_duplicates(self, args: Any) -> None:
         """With ``report_to`` naming W&B, TRL already logs the mirrored columns
@@ -367,8 +367,7 @@ class GRPOAdapter(TrainerAdapter):
                 "'What correct means')"
             )
         for name in names:  # the same on every rank, in this order
-            if name not in self.monitor.reward_fn_names:
-                self.monitor.reward_fn_names.append(name)
+            self.monitor.add_reward_fn(name)
         self.monitor.start(trainer=self.trainer_name, lld_columns=True, **self.meta())
         # LLDS on, or auto_llds: say now (not only when the switch fires) what keeps it from acting
         self.monitor.check_llds_can_act(
@@ -400,7 +399,7 @@ class GRPOAdapter(TrainerAdapter):
                 f"lld_monitor refuses LLDS here: {problem}. Pass "
                 "LLDMonitor(llds_with_dropout=True) to use it anyway"
             )
-        monitor.llds.blocked = f"{problem} (LLDMonitor(llds_with_dropout=True) forces it)"
+        monitor.llds.block(f"{problem} (LLDMonitor(llds_with_dropout=True) forces it)")
         extra = " auto_llds will not switch LLDS on." if monitor.auto_llds else ""
         warn_user(f"lld_monitor: {problem}.{extra}")
 
@@ -788,7 +787,7 @@ class GRPOAdapter(TrainerAdapter):
         )
         warn_user(f"lld_monitor: {message}")
         evidence = {"zero_share": share, "trainer_zero_share": trainer_share}
-        self.monitor._emit("lifecycle", step, "sampler_zero_padded", message, "critical", evidence)
+        self.monitor.lifecycle_event(step, "sampler_zero_padded", message, "critical", evidence)
 
     def _say_why_no_correct(self, correct: torch.Tensor, advantages: torch.Tensor | None) -> None:
         """Once per reason: a generation batch without a correct response leaves the step's
@@ -815,7 +814,7 @@ class GRPOAdapter(TrainerAdapter):
         )
         logger.info("lld_monitor: %s", message)
         evidence = {"reason": reason, "batch": int(correct.shape[0])}
-        self.monitor._emit("lifecycle", step, reason, message, "info", evidence)
+        self.monitor.lifecycle_event(step, reason, message, "info", evidence)
 
     def _probe_forward(self, plan: dict[str, Any]) -> torch.Tensor:
         """[n, T] log-probs under the updated policy, as TRL runs its own no-grad forwards."""

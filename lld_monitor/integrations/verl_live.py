@@ -41,6 +41,7 @@ import torch
 from lld_monitor import columns as C
 from lld_monitor import metrics
 from lld_monitor.events import make_event
+from lld_monitor.monitor.config import MonitorConfig
 
 _LOG = logging.getLogger(__name__)
 
@@ -70,7 +71,8 @@ LLDS_FRAC_KEY = "actor/lld/" + C.LLDS_FRAC_GATED
 #: Keys of the ``lld_monitor`` config section and their defaults.
 TRAINER_SETTINGS: dict[str, Any] = {
     "run_dir": None,  # default: <trainer.default_local_dir>/lld_run
-    "probe_fraction": 0.25,  # share of each batch probed after its update (0 = off)
+    # share of each batch probed after its update (0 = off): the monitor's own default
+    "probe_fraction": MonitorConfig().probe_fraction,
     "auto_llds": False,  # switch LLDS on at a stagnation/decay alert
     "auto_llds_on": ["stagnation", "decay"],
     "llds_lambda": 0.2,  # lambda for auto_llds / llds.enable()
@@ -361,7 +363,7 @@ class VerlLiveMonitor:
         *,
         llds: Any | None = None,
         control: str | bool | None = True,
-        probe_fraction: float = 0.25,
+        probe_fraction: float | None = None,
         flight_recorder: FlightRecorder | bool | None = True,
         tokenizer: Any | None = None,
         seed: int = 0,
@@ -370,10 +372,11 @@ class VerlLiveMonitor:
     ) -> None:
         from lld_monitor.monitor import LLDMonitor
 
+        if probe_fraction is not None:
+            monitor_kwargs["probe_fraction"] = probe_fraction  # (else the monitor's default)
         self.monitor = LLDMonitor(
             run_dir,
             llds=llds,
-            probe_fraction=probe_fraction,
             meta={"engine": "verl", **dict(meta or {})},
             **monitor_kwargs,
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,27 @@ class MonitorConfig:
     # the LLDS watchdog (llds_watchdog.py): off by default, auto_llds or not; it did worse
     # than a fixed lambda on the testbed (sample_runs/README.md, "The LLDS watchdog")
     llds_watchdog: bool = False
+
+    def __post_init__(self) -> None:
+        """Check the settings that can be checked without a run (one definition each)."""
+        object.__setattr__(self, "probe_fraction", check_probe_fraction(self.probe_fraction))
+        check_llds(self.llds)
+        for name in ("token_samples_per_step", "response_samples_per_step"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be >= 0 (an int), got {value!r}")
+
+    def with_overrides(self, **overrides: Any) -> MonitorConfig:
+        """This config with some settings replaced by name; an unknown name raises and names
+        the valid ones (as ``DetectorConfig.with_overrides``)."""
+        known = [f.name for f in fields(self)]
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            raise TypeError(
+                f"unknown LLDMonitor setting(s) {unknown}; the settings are {known} "
+                "(MonitorConfig's fields)"
+            )
+        return replace(self, **overrides) if overrides else self
 
 
 def check_probe_fraction(probe_fraction: float) -> float:

@@ -67,96 +67,67 @@ class LLDMonitor:
     """
 
     def __init__(
-        self,
-        run_dir: str | Path,
-        config: MonitorConfig | None = None,
-        *,
-        llds: Any | None = None,
-        probe_fraction: float = 0.25,
-        correct_fn: Callable[[torch.Tensor | None, torch.Tensor | None], torch.Tensor]
-        | None = None,
-        correct_threshold: float = 1.0,
-        correct_reward: str | None = None,
-        sinks: Sequence[Any] = (),
-        detector: Any = True,
-        auto_llds: bool = False,
-        auto_llds_on: Sequence[str] = AUTO_LLDS_KINDS,
-        stop_on_collapse: bool = False,
-        checkpoint_on_collapse: bool = False,
-        token_samples_per_step: int = 4,
-        response_samples_per_step: int = 4,
-        strict: bool = False,
-        meta: Mapping[str, Any] | None = None,
-        llds_with_dropout: bool = False,
-        resume: bool = False,
-        llds_watchdog: bool = False,
+        self, run_dir: str | Path, config: MonitorConfig | None = None, **overrides: Any
     ) -> None:
-        keywords = MonitorConfig(
-            llds=llds,
-            probe_fraction=probe_fraction,
-            correct_fn=correct_fn,
-            correct_threshold=correct_threshold,
-            correct_reward=correct_reward,
-            sinks=sinks,
-            detector=detector,
-            auto_llds=auto_llds,
-            auto_llds_on=auto_llds_on,
-            stop_on_collapse=stop_on_collapse,
-            checkpoint_on_collapse=checkpoint_on_collapse,
-            token_samples_per_step=token_samples_per_step,
-            response_samples_per_step=response_samples_per_step,
-            strict=strict,
-            meta=meta,
-            llds_with_dropout=llds_with_dropout,
-            resume=resume,
-            llds_watchdog=llds_watchdog,
-        )
-        if config is None:
-            config = keywords
-        elif not isinstance(config, MonitorConfig):
+        """``config`` (a ``MonitorConfig``; default: the defaults) with ``overrides`` (any of
+        its fields by name: ``LLDMonitor(run_dir, auto_llds=True)``); an unknown keyword raises
+        and names the valid ones. The settings are checked by ``MonitorConfig`` itself."""
+        if config is not None and not isinstance(config, MonitorConfig):
             raise ValueError(f"config must be an lld_monitor.MonitorConfig, got {config!r}")
-        elif keywords != MonitorConfig():
-            raise ValueError(
-                "pass the settings either as config=MonitorConfig(...) or as keyword "
-                "arguments, not both"
-            )
         #: The settings this monitor was built with (frozen; the running state lives elsewhere).
-        self.config = config
-        llds, probe_fraction, correct_fn = config.llds, config.probe_fraction, config.correct_fn
-        correct_threshold, correct_reward = config.correct_threshold, config.correct_reward
-        sinks, detector, auto_llds = config.sinks, config.detector, config.auto_llds
-        auto_llds_on, stop_on_collapse = config.auto_llds_on, config.stop_on_collapse
-        checkpoint_on_collapse = config.checkpoint_on_collapse
-        token_samples_per_step = config.token_samples_per_step
-        response_samples_per_step = config.response_samples_per_step
-        strict, meta, resume = config.strict, config.meta, config.resume
-        llds_with_dropout = config.llds_with_dropout
-
-        self.probe_fraction = monitor_config.check_probe_fraction(probe_fraction)
-        llds_config = monitor_config.check_llds(llds)
+        self.config = config = (config or MonitorConfig()).with_overrides(**overrides)
         self.run_dir = Path(run_dir)
-        monitor_config.check_run_dir(self.run_dir, resume)  # here: at a step it is swallowed
-        self.correctness = CorrectnessRule(correct_fn, correct_threshold, correct_reward)
-        self.dispatch = EventDispatcher(sinks, self.guard, self._replayed_event)
-        self.actions = ActionPolicy(
-            auto_llds, auto_llds_on, stop_on_collapse, checkpoint_on_collapse
-        )
-        self.strict = bool(strict)
-        self.tokens = TokenSampler(
-            token_samples_per_step, response_samples_per_step, self.strict, self.guard
-        )
-        self.llds_with_dropout = bool(llds_with_dropout)
+        monitor_config.check_run_dir(self.run_dir, config.resume)  # here: at a step it is lost
+        self._build_parts(config)
+        self._init_state()
+
+    def _build_parts(self, config: MonitorConfig) -> None:
+        """The parts the settings make (each reads its own settings from ``config``)."""
         from lld_monitor.monitor.llds_watchdog import LLDSWatchdog
 
+        self.probe_fraction = config.probe_fraction
+        self.correctness = CorrectnessRule(
+            config.correct_fn, config.correct_threshold, config.correct_reward
+        )
+        self.dispatch = EventDispatcher(config.sinks, self.guard, self._replayed_event)
+        self.actions = ActionPolicy(
+            config.auto_llds,
+            config.auto_llds_on,
+            config.stop_on_collapse,
+            config.checkpoint_on_collapse,
+        )
+        self.strict = bool(config.strict)
+        self.tokens = TokenSampler(
+            config.token_samples_per_step,
+            config.response_samples_per_step,
+            self.strict,
+            self.guard,
+        )
+        self.llds_with_dropout = bool(config.llds_with_dropout)
         #: The LLDS watchdog (llds_watchdog.py), or None when off (the default).
         self.watchdog = LLDSWatchdog() if config.llds_watchdog else None
-        self.resume = bool(resume)
+        self.resume = bool(config.resume)
+        self.meta: dict[str, Any] = dict(config.meta or {})
+        self.llds = LLDSSwitch(monitor_config.check_llds(config.llds), self._on_llds_change)
+        self.failures = FailurePolicy(self.strict, self._on_error)
+        self.threshold_watch = ThresholdWatch(self.correctness)
+        self.notes = OnceNotes(self._event, self.guard)  # llds checks and notes, once per run
+        self.responder = Responder(
+            monitor_config.make_detector(config.detector),
+            self.actions,
+            self.llds,
+            llds_given=config.llds is not None,
+            emit=self._event,
+            alert_sink=self.dispatch.alert,
+            request=self._request,
+            guard=self.guard,
+        )
+
+    def _init_state(self) -> None:
+        """The running state of a fresh monitor."""
         #: Last step already in a resumed folder: rows, token samples and events of steps up to
         #: it are not written again (a run resumed from an earlier checkpoint replays them).
         self.resumed_last_step: int | None = None
-        self.meta: dict[str, Any] = dict(meta or {})
-        self.llds = LLDSSwitch(llds_config, self._on_llds_change)
-
         self.rank = 0
         self.writer: Any | None = None
         self.adapter: Any | None = None
@@ -173,25 +144,12 @@ class LLDMonitor:
         self._terminated_by: int | None = None
         self._acc = StepMetrics()
         self._last_rollout: rollout.Rollout | None = None
-        self.failures = FailurePolicy(self.strict, self._on_error)
-        self.threshold_watch = ThresholdWatch(self.correctness)
         self._zero_std_rows = 0  # rows in a row with most groups at zero reward variance
         self._nonfinite_open: set[str] = set()  # inputs in a non-finite episode (alerted)
         self.reward_fn_names: list[str] = []  # the same on every rank: fixes the vector length
         self._lock = threading.RLock()
         self.reuse_warning: str | None = None  # set by an adapter when LLDS can never act
-        self.notes = OnceNotes(self._event, self.guard)  # llds checks and notes, once per run
         self.last_local_sums: torch.Tensor | None = None  # strict mode: see sum_layout()
-        self.responder = Responder(
-            monitor_config.make_detector(detector),
-            self.actions,
-            self.llds,
-            llds_given=llds is not None,
-            emit=self._event,
-            alert_sink=self.dispatch.alert,
-            request=self._request,
-            guard=self.guard,
-        )
 
     # -- setup --------------------------------------------------------------------------------
 
@@ -304,6 +262,26 @@ class LLDMonitor:
     def _emit(self, *args: Any) -> None:
         """Record ``make_event(*args)``: type, step, kind, message, severity, evidence."""
         self._event(make_event(*args))
+
+    # -- the port adapters use (integrations/: no private name of the monitor) ----------------
+
+    def lifecycle_event(
+        self,
+        step: int | None,
+        kind: str,
+        message: str,
+        severity: str = "info",
+        evidence: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record a ``lifecycle`` event (rank 0 writes it): what an adapter saw of the run."""
+        self._emit("lifecycle", step, kind, message, severity, dict(evidence or {}))
+
+    def add_reward_fn(self, name: str) -> None:
+        """Name a reward function (its column ``reward_fn/<name>``); the same names in the same
+        order on every rank (they fix the reduced vector's length); a name given twice counts
+        once."""
+        if name not in self.reward_fn_names:
+            self.reward_fn_names.append(name)
 
     sinks = property(lambda self: self.dispatch.sinks)
 

@@ -42,6 +42,10 @@ class LLDSSwitch:
     #: Why LLDS may not be switched on in this run (e.g. active dropout), or None.
     blocked: str | None = None
 
+    def block(self, reason: str) -> None:
+        """Refuse every later ``enable`` with ``reason`` (an adapter's finding, e.g. dropout)."""
+        self.blocked = reason
+
     def enable(self, lam: float | None = None, *, reason: str = "user") -> None:
         """Switch LLDS on from the next loss computation; optionally set lambda."""
         if lam is not None and (not math.isfinite(float(lam)) or float(lam) < 0):
