@@ -123,7 +123,7 @@ def simulate(kind: str, rng: np.random.Generator) -> dict:
 def judge(run: dict, config: object = None) -> dict:
     from lld_monitor.analysis import analyze_run
 
-    a = analyze_run(run["df"], config=config, fork=False)
+    a = analyze_run(run["df"], config=config, jobs=1)
     alerts = list(a.alerts)
     out = {k: v for k, v in run.items() if k != "df"}
     if run["kind"] == "collapse":

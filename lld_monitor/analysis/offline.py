@@ -159,15 +159,17 @@ def replay(
     progress: Callable[[int, int], None] | None = None,
     *,
     phase_runs: bool = False,
-    fork: bool = True,
+    jobs: int = 1,
 ) -> tuple[list[Alert], list[Any], PhaseDetector]:
     """Feed the (prepared) rows to a detector: (alerts, phase after each row, the detector).
     ``progress(rows done, rows)`` is called after every ``REPLAY_CHUNK`` rows and at the end.
     ``phase_runs``: instead of a phase per row, ``[(row, phase)]`` at the first row and at
     every row whose phase differs from the row before (a long table's phases in a few entries).
-    ``fork``: a long table's row-only checks may run in a second process where that is safe
-    (``analysis/parallel.py``); False keeps the replay in this process (a worker whose
-    siblings have the other cores). Either way the answer is the same."""
+    ``jobs``: the processes the replay may use; 1 (the default) keeps it in this process, no
+    second process unless the caller asks; 2: a long table's row-only checks may run in a
+    forked child where that is safe (``analysis/parallel.py``). Either way the answer is the
+    same."""
+    jobs = check_jobs(jobs)
     det = detector if detector is not None else PhaseDetector()
     n = len(df)
     arrays = [_floats(df[c]) if c in df.columns else None for c in INPUT_COLUMNS]
@@ -231,7 +233,7 @@ def replay(
     whole = det.fresh and (n < 2 or strictly_increasing(step_arr))
     columns = {c: a for c, a in zip(INPUT_COLUMNS, arrays) if a is not None}
     try:
-        index = parallel.offloadable(det) if fork and whole and parallel.can_fork(n) else []
+        index = parallel.offloadable(det) if jobs >= 2 and whole and parallel.can_fork(n) else []
         if index and parallel.replay_parallel(det, index, arrays, step_arr, run_rows, columns):
             return alerts, phases, det
         if index:  # (the child failed: again, in this process; reset drops what it kept)
@@ -244,6 +246,13 @@ def replay(
     finally:
         det.end_replay()
     return alerts, phases, det
+
+
+def check_jobs(jobs: int) -> int:
+    """``jobs`` as an int >= 1 (a ValueError naming it otherwise)."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an int >= 1 (1: this process only), got {jobs!r}")
+    return jobs
 
 
 def _floats(series: pd.Series) -> np.ndarray:
@@ -288,21 +297,22 @@ def analyze_run(
     config: DetectorConfig | None = None,
     refine: bool = True,
     progress: Callable[[int, int], None] | None = None,
-    fork: bool = True,
+    jobs: int = 1,
 ) -> Analysis:
     """Analyse a whole run: ``Run``, DataFrame (canonical columns) or path.
 
     ``refine=False`` keeps the segment boundaries where the online detector became sure; with
     refinement, at most ``MAX_REFINEMENTS`` escalations get a change-point boundary.
-    ``progress(rows done, rows)``: called as the rows are replayed (``replay``). ``fork``:
-    ``replay``'s (False: stay in this process; the same answer). The alerts are the replay's
+    ``progress(rows done, rows)``: called as the rows are replayed (``replay``). ``jobs``:
+    ``replay``'s (1, the default: no second process; 2: a long table may use one; the same
+    answer). The alerts are the replay's
     with repeats of one kind merged (``advice.merge_repeats``: a count, no step lost).
     """
     df = prepare_steps(load_steps(obj))
     det = PhaseDetector(config)
     if df.empty:
         return Analysis([], [], None, [], list(INPUT_COLUMNS), det.limitations())
-    alerts, runs, det = replay(df, det, progress, phase_runs=True, fork=fork)
+    alerts, runs, det = replay(df, det, progress, phase_runs=True, jobs=jobs)
     steps = df[C.STEP].to_numpy(dtype=np.int64)
     segments = _segments(runs, steps)
     notes = det.limitations()

@@ -11,8 +11,9 @@ final state equal the one-process replay's; ``tests/analysis/test_parallel.py`` 
 every sample run and shared real log). At the end the child sends its checks back, and they take
 their places again in the detector.
 
-The caller decides to fork (``replay(..., fork=False)``: the triage's workers, whose siblings
-have the other cores); this module says where it is safe and pays (``can_fork``): at least
+The caller decides to fork (``replay(..., jobs=2)``; the default ``jobs=1`` never does: a
+library call forks nothing behind its caller's back, and the triage's workers, whose siblings
+have the other cores, keep 1); this module says where it is safe and pays (``can_fork``): at least
 ``MIN_ROWS`` rows, two usable cores, ``os.fork`` available, no other thread in the process (a
 fork of a threaded process can deadlock); and the replay asks a fresh detector and steps
 strictly increasing (every row reaches the checks). Each check's ``begin_replay`` runs in the
@@ -170,7 +171,12 @@ def replay_parallel(
     n = len(steps)
     originals = [det.checks[i] for i in index]
     reader, writer = Pipe(duplex=False)
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:  # (no process to be had: EAGAIN, ENOMEM) the caller replays in this one
+        reader.close()
+        writer.close()
+        return False
     if pid == 0:  # the child: never returns
         code = 1
         try:

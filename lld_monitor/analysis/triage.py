@@ -129,26 +129,26 @@ def one_run_in(path: Path, entries: list[Any] | None = None) -> tuple[Path, str 
     return entries[0].path, entries[0].run
 
 
-def triage_one(path: Path, root: Path, run: str | None = None, *, fork: bool = True) -> RunVerdict:
+def triage_one(path: Path, root: Path, run: str | None = None, *, jobs: int = 1) -> RunVerdict:
     """Load and analyse one run (``run``: one of the runs a file holds); never raises (an
-    unreadable run gets its error). ``fork``: ``analyze_run``'s (False in the pool's workers)."""
-    return analyse_one(path, root, run, fork=fork)[0]
+    unreadable run gets its error). ``jobs``: ``analyze_run``'s (1 in the pool's workers)."""
+    return analyse_one(path, root, run, jobs=jobs)[0]
 
 
 def analyse_one(
-    path: Path, root: Path, run: str | None = None, table: Any = None, *, fork: bool = True
+    path: Path, root: Path, run: str | None = None, table: Any = None, *, jobs: int = 1
 ) -> tuple[RunVerdict, Any]:
     """``triage_one``'s verdict and the analysis behind it (None when the run did not read or
     analyse): a caller that also shows the run (the dashboard) needs not analyse it again.
     ``table``: the run's step table when the caller has read it already (not read again).
-    ``fork``: ``analyze_run``'s: a long run's replay may use a second process."""
+    ``jobs``: ``analyze_run``'s (2: a long run's replay may use a second process)."""
     from lld_monitor.analysis import analyze_run
     from lld_monitor.importers import load_table
 
     name = entry_name(path, root, run)
     try:
         df = load_table(path, run=run) if table is None else table
-        analysis = analyze_run(df, fork=fork)
+        analysis = analyze_run(df, jobs=jobs)
     except Exception as exc:  # one bad run never stops the triage: its line says why
         message = " ".join(str(exc).split()) or type(exc).__name__
         from lld_monitor.runlog import RunSummaryError
@@ -283,27 +283,28 @@ def triage(
     if jobs > 1 and len(entries) >= PARALLEL_MIN_RUNS:
         out = _triage_parallel(list(groups.items()), base, jobs, tick)
     else:
+        # (one run at a time here: a long one's replay may use a second of the jobs)
         for path, runs in groups.items():
-            out += triage_file(path, base, runs)
+            out += triage_file(path, base, runs, jobs=min(jobs, 2))
             tick(len(out))
     return sorted(out, key=sort_key)
 
 
 def triage_file(
-    path: Path, base: Path, runs: list[str | None], *, fork: bool = True
+    path: Path, base: Path, runs: list[str | None], *, jobs: int = 1
 ) -> list[RunVerdict]:
     """``triage_one`` of each of ``runs`` of one file; a file of several runs is read once for
     all of them (``load.load_runs``); if that fails each run is read on its own, so that each
     line says what is wrong with it."""
     if len(runs) < 2 or None in runs:
-        return [triage_one(path, base, run, fork=fork) for run in runs]
+        return [triage_one(path, base, run, jobs=jobs) for run in runs]
     from lld_monitor.importers.load import load_runs
 
     try:
         tables = dict(load_runs(path))
     except Exception:  # (each run's own reading says why)
         tables = {}
-    return [analyse_one(path, base, run, tables.get(str(run)), fork=fork)[0] for run in runs]
+    return [analyse_one(path, base, run, tables.get(str(run)), jobs=jobs)[0] for run in runs]
 
 
 def _triage_parallel(
@@ -318,9 +319,9 @@ def _triage_parallel(
     ctx = mp.get_context(method) if method else None
     out: list[RunVerdict] = []
     workers = min(jobs, len(entries))
-    # (a worker per core already: a long run's replay stays in its worker, fork=False)
+    # (a worker per core already: a long run's replay stays in its worker, jobs=1)
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {pool.submit(triage_file, p, base, rs, fork=False): (p, rs) for p, rs in entries}
+        futures = {pool.submit(triage_file, p, base, rs, jobs=1): (p, rs) for p, rs in entries}
         for fut in cf.as_completed(futures):
             path, runs = futures[fut]
             try:

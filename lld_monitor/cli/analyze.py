@@ -117,7 +117,10 @@ def run(args: argparse.Namespace) -> int:
     from lld_monitor.analysis.offline import progress_line
 
     try:
-        analysis = analyze_run(df, progress=progress_line(sys.stderr, "analyze", "rows analysed"))
+        # (the command owns its process: a long table's replay may use a second one)
+        analysis = analyze_run(
+            df, progress=progress_line(sys.stderr, "analyze", "rows analysed"), jobs=2
+        )
     except ValueError as exc:  # the table was read but cannot be analysed (e.g. too few rows)
         print(
             f"lld-monitor analyze: cannot analyse {args.path}: {_one_line(str(exc))}",

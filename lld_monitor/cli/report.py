@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", path.name or "run").strip("_") or "run"
     out = Path(args.out) if args.out else Path.cwd() / f"{name}-report"
     try:
-        doc = write_bundle(path, out, run=args.run)
+        doc = write_bundle(path, out, run=args.run, jobs=2)  # (the command owns its process)
     except ImportFormatError as exc:
         print(f"lld-monitor report: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

@@ -253,14 +253,19 @@ def lacks(df: pd.DataFrame, analysis: Any, samples: list, meta: dict) -> list[st
     return out
 
 
-def build_report(path: str | Path, run: str | None = None, table: Any = None) -> dict[str, Any]:
+def build_report(
+    path: str | Path, run: str | None = None, table: Any = None, *, jobs: int = 1
+) -> dict[str, Any]:
     """The report's facts as a JSON-ready dict (``SCHEMA_VERSION``); ``run``: one of the runs
     a file holds; ``table``: the step table when the caller has read it already. Raises
-    ``ImportFormatError`` (unreadable input) or ``ValueError`` (a table that cannot be analysed)."""
-    return _build(Path(path), run, table)[0]
+    ``ImportFormatError`` (unreadable input) or ``ValueError`` (a table that cannot be analysed).
+    ``jobs``: ``analyze_run``'s (1: no second process)."""
+    return _build(Path(path), run, table, jobs)[0]
 
 
-def _build(path: Path, run: str | None, table: Any) -> tuple[dict[str, Any], Any, pd.DataFrame]:
+def _build(
+    path: Path, run: str | None, table: Any, jobs: int = 1
+) -> tuple[dict[str, Any], Any, pd.DataFrame]:
     """``build_report``'s document, the analysis behind it and the step table."""
     from lld_monitor.analysis.advice import actions, alert_record
     from lld_monitor.analysis.offline import collapse_numbers, collapse_text
@@ -268,7 +273,7 @@ def _build(path: Path, run: str | None, table: Any) -> tuple[dict[str, Any], Any
     from lld_monitor.importers import load_table
 
     df = load_table(path, run=run) if table is None else table
-    verdict, analysis = analyse_one(path, path.parent, run, df, fork=False)
+    verdict, analysis = analyse_one(path, path.parent, run, df, jobs=jobs)
     if analysis is None:
         raise ValueError(verdict.error or f"{path} could not be analysed")
     at, by = onset(analysis)
@@ -503,7 +508,7 @@ def chart_images(df: pd.DataFrame, analysis_doc: dict[str, Any], out: Path) -> l
 
 
 def write_bundle(
-    path: str | Path, out: str | Path, run: str | None = None, table: Any = None
+    path: str | Path, out: str | Path, run: str | None = None, table: Any = None, *, jobs: int = 1
 ) -> dict[str, Any]:
     """Write ``summary.md``, ``report.html``, ``report.json`` and ``charts/*.png`` of the run at
     ``path`` into the folder ``out``; return the document (with ``files``: what was written,
@@ -511,7 +516,7 @@ def write_bundle(
     from lld_monitor.report.html import write_report
 
     path, out = Path(path), Path(out)
-    doc, analysis, df = _build(path, run, table)
+    doc, analysis, df = _build(path, run, table, jobs)
     out.mkdir(parents=True, exist_ok=True)
     pngs = chart_images(df, doc, out / "charts")
     charts = [p.relative_to(out).as_posix() for p in pngs]

@@ -55,7 +55,7 @@ _COMPARE = textwrap.dedent(
     parallel.replay_parallel = spy
 
     def digest(df):
-        alerts, phases, det = replay(df)
+        alerts, phases, det = replay(df, jobs=2)
         return {
             "alerts": [a.to_dict() for a in alerts],
             "phases": hashlib.sha1("|".join(phases).encode()).hexdigest(),
@@ -160,7 +160,7 @@ def test_a_failed_child_means_the_replay_runs_again_in_one_process(monkeypatch, 
     monkeypatch.setattr(
         parallel, "replay_parallel", lambda *a: results.append(real(*a)) or results[-1]
     )
-    got = replay(df)
+    got = replay(df, jobs=2)
     assert results == [False]  # the fork was tried and failed ...
     _same(got, expected)  # ... and the answer is still the one-process replay's
     assert any(a.evidence.get("detector") == "level_shift" for a in got[0])
@@ -192,11 +192,11 @@ def test_the_fork_is_only_for_long_fresh_tables_in_a_process_without_threads(mon
     monkeypatch.setattr(parallel, "replay_parallel", lambda *a: forked.append(1) or real(*a))
     monkeypatch.setattr(parallel, "can_fork", lambda n: True)
     shuffled = df.iloc[::-1].reset_index(drop=True)
-    replay(shuffled)  # steps not increasing: no fork
+    replay(shuffled, jobs=2)  # steps not increasing: no fork
     busy = PhaseDetector()
     busy.update({"step": -1, "reward_mean": 0.5})
-    replay(df, busy)  # not a fresh detector: no fork
-    replay(df, fork=False)  # the caller said no
+    replay(df, busy, jobs=2)  # not a fresh detector: no fork
+    replay(df)  # the caller did not ask (jobs=1, the default)
     assert forked == []
     stop = threading.Event()
     t = threading.Thread(target=stop.wait, daemon=True)
@@ -221,7 +221,7 @@ def test_chunks_cover_the_rows_once_in_order():
 
 @needs_fork
 def test_a_triage_worker_replays_in_its_own_process(tmp_path, monkeypatch):
-    # the triage's workers (forked: they inherit this process's patches) are told fork=False: a
+    # the triage's workers (forked: they inherit this process's patches) are told jobs=1: a
     # replay that forked there would raise, and the run would be 'unreadable'
     from lld_monitor.analysis import triage as triage_mod
 
@@ -237,10 +237,33 @@ def test_a_triage_worker_replays_in_its_own_process(tmp_path, monkeypatch):
     verdicts = triage_mod.triage(tmp_path, jobs=2)
     assert len(verdicts) == triage_mod.PARALLEL_MIN_RUNS
     assert all(v.verdict != "unreadable" for v in verdicts), [v.error for v in verdicts]
-    # ... while the same patches do reach a run analysed with fork=True (the test can fail)
-    forked = triage_mod.triage_one(tmp_path / "r0.csv", tmp_path)
+    # ... while the same patches do reach a run analysed with jobs=2 (the test can fail)
+    forked = triage_mod.triage_one(tmp_path / "r0.csv", tmp_path, jobs=2)
     assert forked.verdict == "unreadable" and "forked a replay" in forked.error
-    assert triage_mod.triage_one(tmp_path / "r0.csv", tmp_path, fork=False).verdict != "unreadable"
+    assert triage_mod.triage_one(tmp_path / "r0.csv", tmp_path).verdict != "unreadable"
+
+
+def test_a_library_call_forks_no_process_unless_asked(monkeypatch):
+    """analyze_run on a 25k-row table with os.fork made to raise: the default (jobs=1) never
+    forks; jobs=2 tries (and falls back to one process when the fork fails: the same answer)."""
+    df = make_run("collapse", n_steps=25_000, seed=5).steps
+    assert len(df) >= 25_000
+    calls = []
+
+    def no_fork():
+        calls.append(1)
+        raise OSError("os.fork is refused by this test")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    from lld_monitor.analysis import analyze_run
+
+    one = analyze_run(df)
+    assert calls == []
+    with pytest.raises(ValueError, match="jobs must be an int >= 1"):
+        analyze_run(df, jobs=0)
+    if parallel.can_fork(len(df)):  # (two cores, no other thread: jobs=2 does try)
+        two = analyze_run(df, jobs=2)
+        assert calls and [a.to_dict() for a in two.alerts] == [a.to_dict() for a in one.alerts]
 
 
 def test_warm_rows_is_the_warm_flag_signals_keeps_row_by_row():

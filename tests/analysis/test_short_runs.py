@@ -49,7 +49,7 @@ def _verl_47(seed: int) -> pd.DataFrame:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_the_47_step_verl_collapse_is_flagged_within_5_steps(seed):
-    a = analyze_run(_verl_47(seed), fork=False)
+    a = analyze_run(_verl_47(seed), jobs=1)
     hits = [x for x in a.alerts if x.kind == "collapse" and x.severity == "critical"]
     assert hits and 33 <= hits[0].step <= 38, [(x.kind, x.step) for x in a.alerts]
     ev = hits[0].evidence
@@ -74,7 +74,7 @@ def test_a_long_run_is_held_to_the_long_threshold_after_64_rows():
     rng = np.random.default_rng(0)
     reward = np.r_[0.6 + rng.normal(0, 0.05, 200), 0.02 + rng.normal(0, 0.01, 40)]
     df = pd.DataFrame({"step": np.arange(1, 241), "reward_mean": np.clip(reward, 0, 1)})
-    hits = [x for x in analyze_run(df, fork=False).alerts if x.kind == "collapse"]
+    hits = [x for x in analyze_run(df, jobs=1).alerts if x.kind == "collapse"]
     assert hits and hits[0].evidence["threshold_for_rows"] == 3000
     assert "rows of noise like this run's (noise sd" in hits[0].message
 
@@ -105,7 +105,7 @@ def test_a_run_that_falls_from_its_first_steps_is_flagged(seed):
     n = 30
     reward = np.r_[0.35 + rng.normal(0, 0.05, 3), np.clip(0.01 + rng.normal(0, 0.01, n - 3), 0, 1)]
     df = pd.DataFrame({"step": np.arange(1, n + 1), "reward_mean": reward})
-    hits = [x for x in analyze_run(df, fork=False).alerts if x.kind == "collapse"]
+    hits = [x for x in analyze_run(df, jobs=1).alerts if x.kind == "collapse"]
     assert hits and hits[0].step <= 12 and hits[0].evidence["reference_rows"] == 3
 
 
@@ -117,7 +117,7 @@ def test_a_run_flat_at_its_floor_or_rising_from_a_low_start_is_left_alone(seed):
     rising = np.clip(0.05 + 0.6 * (1 - np.exp(-np.arange(n) / 8)) + rng.normal(0, 0.05, n), 0, 1)
     for reward in (flat, rising):
         df = pd.DataFrame({"step": np.arange(1, n + 1), "reward_mean": reward})
-        bad = [x for x in analyze_run(df, fork=False).alerts if x.severity == "critical"]
+        bad = [x for x in analyze_run(df, jobs=1).alerts if x.severity == "critical"]
         assert not bad, [(x.step, x.kind) for x in bad]
 
 

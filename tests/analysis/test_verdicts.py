@@ -27,26 +27,26 @@ def _csv(path: Path, n: int, reward=lambda s: 0.3 + 0.01 * s) -> Path:
 
 
 def test_a_12_row_run_is_cant_tell_too_short(tmp_path):
-    v, _ = analyse_one(_csv(tmp_path / "r.csv", 12), tmp_path, fork=False)
+    v, _ = analyse_one(_csv(tmp_path / "r.csv", 12), tmp_path, jobs=1)
     assert v.verdict == "cant_tell" and v.reason.startswith("too short: 12 rows")
-    v, _ = analyse_one(_csv(tmp_path / "r40.csv", 40), tmp_path, fork=False)
+    v, _ = analyse_one(_csv(tmp_path / "r40.csv", 40), tmp_path, jobs=1)
     assert v.verdict == "healthy" and v.reason is None
 
 
 def test_a_log_without_a_reward_is_cant_tell(tmp_path):
     path = tmp_path / "g.csv"
     pd.DataFrame({"step": range(1, 41), "grad_norm": 0.5, "loss": 0.1}).to_csv(path, index=False)
-    v, _ = analyse_one(path, tmp_path, fork=False)
+    v, _ = analyse_one(path, tmp_path, jobs=1)
     assert v.verdict == "cant_tell" and v.reason.startswith("no reward logged")
 
 
 def test_a_run_never_closed_is_cant_tell_and_a_closed_one_healthy(tmp_path):
-    v, _ = analyse_one(SAMPLE, SAMPLE.parent, fork=False)
+    v, _ = analyse_one(SAMPLE, SAMPLE.parent, jobs=1)
     assert v.verdict == "healthy"
     killed = tmp_path / "killed"
     shutil.copytree(SAMPLE, killed)
     (killed / "closed.json").unlink()  # kill -9: no closed.json
-    v, _ = analyse_one(killed, tmp_path, fork=False)
+    v, _ = analyse_one(killed, tmp_path, jobs=1)
     assert v.verdict == "cant_tell" and "no closed.json" in v.reason
 
 
@@ -56,12 +56,12 @@ def test_a_nan_reward_is_a_critical_nonfinite_offline(tmp_path):
         f"{s},{'nan' if s > 20 else 0.3 + 0.01 * s},0.5" for s in range(1, 31)
     ]
     path.write_text("\n".join(rows) + "\n")
-    v, _ = analyse_one(path, tmp_path, fork=False)
+    v, _ = analyse_one(path, tmp_path, jobs=1)
     assert v.verdict == "critical" and v.worst["kind"] == "nonfinite" and v.worst["step"] == 21
     assert "reward=nan" in v.worst["message"]
     # a blank reward cell is a missing value, not a failure
     path.write_text(path.read_text().replace("nan", ""))
-    v, _ = analyse_one(path, tmp_path, fork=False)
+    v, _ = analyse_one(path, tmp_path, jobs=1)
     assert v.verdict != "critical"
 
 

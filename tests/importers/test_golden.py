@@ -79,7 +79,7 @@ def describe(key: str, path: Path) -> list[dict[str, str]]:
     for target, run, label in targets:
         row = dict.fromkeys(FIELDS, "")
         row["input"], row["run"] = key, label
-        verdict, _ = analyse_one(target, target.parent, run, fork=False)
+        verdict, _ = analyse_one(target, target.parent, run, jobs=1)
         row["verdict"] = verdict.verdict
         if verdict.verdict in ("unreadable", "skipped", "summary"):
             row["format"] = "-"

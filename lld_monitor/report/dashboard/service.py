@@ -116,7 +116,8 @@ def _start_deferred(lives: Sequence[Any]) -> None:
             args += (table,)
         for _ in range(2):  # a broken pool (its worker died): once more, on a new one
             try:
-                future = _background_pool().submit(triage.analyse_one, *args)
+                # (the worker is a clean single-threaded process of its own: it may fork)
+                future = _background_pool().submit(triage.analyse_one, *args, jobs=2)
                 break
             except Exception:
                 _background_pool.cache_clear()
