@@ -583,7 +583,8 @@ def test_in_batch_displacement_counts_each_response_once_after_its_update(tmp_pa
 
 def test_finished_generations_schedule_alone() -> None:
     """A batch generated at micro-step s is finished at s + steps_per_generation*num_iterations."""
-    fin = trl_adapter.finished_generations
+    from lld_monitor.integrations.trl_probe import finished_generations as fin
+
     starts = {0: 0, 1: 4, 2: 8}
     # steps_per_generation=2, num_iterations=2: each batch serves 4 micro-steps.
     assert fin(starts, 3, 2, 2) == []
