@@ -105,6 +105,22 @@ def json_float(v: float) -> float | str | None:
     return v
 
 
+def plain_json(v: Any) -> Any:
+    """``v`` (dicts, lists, numbers, numpy scalars) as strict JSON: every non-finite float None
+    (strict JSON has no NaN or Infinity), numpy scalars as Python ones; the one definition that
+    ``analyze --json`` and ``report.json`` use."""
+    if isinstance(v, dict):
+        return {str(k): plain_json(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [plain_json(x) for x in v]
+    if isinstance(v, float | np.floating):
+        f = float(v)
+        return f if math.isfinite(f) else None
+    if isinstance(v, np.integer | np.bool_):
+        return v.item()
+    return v
+
+
 def from_json_float(v: float | str | None) -> float:
     """Inverse of ``json_float``."""
     return math.nan if v is None else float(v)

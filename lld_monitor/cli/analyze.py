@@ -13,6 +13,7 @@ import pandas as pd
 
 from lld_monitor import columns as C
 from lld_monitor.analysis.advice import actions, alert_record, headline
+from lld_monitor.analysis.stats import plain_json
 from lld_monitor.importers import FORMATS, ImportFormatError, load_table
 from lld_monitor.runlog import table_story
 
@@ -227,7 +228,7 @@ def json_result(df: pd.DataFrame, analysis: Any) -> dict[str, Any]:
     """The ``--json`` object: the analysis plus what the text says about the input."""
     out = analysis.to_dict()
     # every alert with the numbers behind it (a CI script need not parse the message)
-    out["alerts"] = [_plain_json(alert_record(a)) for a in analysis.alerts]
+    out["alerts"] = [plain_json(alert_record(a)) for a in analysis.alerts]
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         **out,
@@ -317,17 +318,3 @@ def collapse_line(analysis: Any) -> str:
         first = failed[0]
         return f"none in the reward; {first.kind} at step {first.step} ({first.severity}, not LLD)"
     return "none detected"
-
-
-def _plain_json(v: Any) -> Any:
-    """``v`` with every non-finite float as None (strict JSON has no NaN or Infinity)."""
-    if isinstance(v, dict):
-        return {str(k): _plain_json(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_plain_json(x) for x in v]
-    if isinstance(v, float | np.floating):
-        f = float(v)
-        return f if np.isfinite(f) else None
-    if isinstance(v, np.integer | np.bool_):
-        return v.item()
-    return v

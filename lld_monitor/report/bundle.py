@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from lld_monitor import columns as C
+from lld_monitor.analysis.stats import plain_json
 from lld_monitor.report.charts import PANELS, Panel
 
 #: ``report.json``'s version: bump it when a key changes meaning or goes.
@@ -63,19 +64,6 @@ def _num(v: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return f if math.isfinite(f) else None
-
-
-def _plain(v: Any) -> Any:
-    """``v`` as strict JSON (NaN and infinities as null, numpy scalars as Python ones)."""
-    if isinstance(v, dict):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_plain(x) for x in v]
-    if isinstance(v, float | np.floating):
-        return _num(v)
-    if isinstance(v, np.integer | np.bool_):
-        return v.item()
-    return v
 
 
 # --- the facts --------------------------------------------------------------------------------
@@ -335,7 +323,7 @@ def _build(
         "lacks": lacks(df, analysis, samples, meta),
         "import_notes": list(df.attrs.get("import_notes") or []),
     }
-    return _plain(doc), analysis, df
+    return plain_json(doc), analysis, df
 
 
 def _meta(path: Path, df: pd.DataFrame) -> dict[str, Any]:
