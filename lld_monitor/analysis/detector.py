@@ -168,7 +168,7 @@ class PhaseDetector:
         loop caches their bound updates, the trend check and the ``immediate`` ones."""
         self._updates = [c.update for c in self.checks]
         self._trend = next((c for c in self.checks if isinstance(c, TrendLevels)), None)
-        self._immediate = [c for c in self.checks if getattr(c, "immediate", False)]
+        self._immediate = [c for c in self.checks if c.immediate]
 
     @property
     def fresh(self) -> bool:

@@ -1,15 +1,15 @@
 """The replay on two cores: the checks that read only a row's own values run in a second process.
 
 Checks that declare ``row_only`` (``checks/base.py``: they read nothing but the row's raw values,
-its step and ``warm``; not ``Signals``' features, not the phase, not another check) can run
-apart: the spikes, ``ModeCollapse`` and ``LevelShiftCollapse``, which is a third of the replay's
-time. For a long table, ``replay`` forks a child that runs those checks
-over the rows, a chunk ahead of the parent; the parent's detector holds a ``_Playback`` in their
-places, which gives the phase machine each row's rank, pending alert and alerts exactly as the
-check gave them (the same code on the same floats in the child: the alerts, the phases and the
-final state equal the one-process replay's; ``tests/analysis/test_parallel.py`` checks it on
-every sample run and shared real log). At the end the child sends its checks back, and they take
-their places again in the detector.
+its step and ``warm``; not ``Signals``' features, not the phase, not another check) can run apart:
+the spikes, ``ModeCollapse`` and ``LevelShiftCollapse``, which is a third of the replay's time. For
+a long table, ``replay`` forks a child that runs those checks over the rows, a chunk ahead of the
+parent; the parent's detector holds a stand-in in their places (``Playback``, a ``Check``), which
+gives the phase machine each row's rank, pending alert and alerts exactly as the check gave them
+(the same code on the same floats in the child: the alerts, the phases and the final state equal
+the one-process replay's; ``tests/analysis/test_parallel.py`` checks it on every sample run and
+shared real log). At the end the child sends its checks back, and they take their places again in
+the detector.
 
 The caller decides to fork (``replay(..., jobs=2)``; the default ``jobs=1`` never does: a
 library call forks nothing behind its caller's back, and the triage's workers, whose siblings
@@ -28,13 +28,15 @@ import os
 import signal
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from lld_monitor.analysis.checks import NO_ALERTS
+from lld_monitor.analysis.checks import NO_ALERTS, Check
 from lld_monitor.analysis.signals import INPUT_COLUMNS, warm_rows
+from lld_monitor.analysis.stats import plain_json
+from lld_monitor.events import Alert
 
 #: Rows from which a replay is split over two processes (below it the fork costs more than it
 #: saves).
@@ -71,41 +73,78 @@ def can_fork(n: int) -> bool:
 
 def offloadable(det: Any) -> list[int]:
     """The indices in ``det.checks`` of the checks a child may run (``Check.row_only``)."""
-    return [i for i, c in enumerate(det.checks) if getattr(c, "row_only", False)]
+    return [i for i, c in enumerate(det.checks) if c.row_only]
 
 
-class _Playback:
+#: One row's record of a check run apart: (row index, rank, pending alert, alerts). Kept where
+#: the row raised alerts, left a pending alert or changed the rank.
+Record = tuple[int, int, "Alert | None", list["Alert"]]
+
+
+def record_rows(checks: Sequence[Check], rows: Iterable[Any], first: int = 0) -> list[list[Record]]:
+    """Feed ``rows`` (row records, the row index of the first being ``first``) to ``checks``;
+    each check's records (``Record``) of these rows. The child calls it per chunk, and
+    carries ``checks`` (their state, and the rank each last recorded) from chunk to chunk."""
+    last = [c.rank for c in checks]
+    out: list[list[Record]] = [[] for _ in checks]
+    updates = [c.update for c in checks]
+    k = range(len(checks))
+    for i, row in enumerate(rows, first):
+        for j in k:
+            alerts = updates[j](row)
+            c = checks[j]
+            p, r = c.pending, c.rank
+            if alerts or p is not None or r != last[j]:
+                out[j].append((i, r, p, list(alerts)))
+                last[j] = r
+    return out
+
+
+class Playback(Check):
     """Stands in a detector's check list for a check run in the child: each row it gives what
-    the check gave on that row (its alerts, ``rank``, ``pending``), from the child's records."""
+    the check gave on that row (its alerts, ``rank``, ``pending``), from the check's records
+    (``record_rows``, handed in by ``feed``). A ``Check`` like the others: its name, key,
+    alert kinds, ``immediate`` and ``recover_after`` are the check's, and its state (the row
+    it is at and the records not yet played) is plain JSON (the contract tests run over it).
+    It reads nothing of the row it is given."""
 
     __slots__ = (
         "_at",
         "_events",
+        "_key",
         "_row",
         "immediate",
-        "key",
         "kind",
+        "kinds",
         "pending",
         "rank",
         "recover_after",
     )
 
-    def __init__(self, check: Any) -> None:
-        self.kind, self.key = check.kind, check.key
-        self.immediate = bool(getattr(check, "immediate", False))
-        self.rank = check.rank
+    def __init__(self, check: Check) -> None:
+        self.kind, self.kinds, self._key = check.kind, check.kinds, check.key  # type: ignore[misc]
+        self.immediate = check.immediate  # type: ignore[misc]
         self.recover_after = check.recover_after
+        super().__init__(check.config)
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    def reset(self) -> None:
+        self.rank = 0
         self.pending = None
-        self._events: deque[tuple[int, int, Any, list]] = deque()
+        self._events: deque[Record] = deque()
         self._row = 0  # the row the next update is for
         self._at = -1  # the row of the next record (-1: none yet)
 
-    def feed(self, events: Sequence[tuple[int, int, Any, list]]) -> None:
-        self._events.extend(events)
+    def feed(self, records: Sequence[Record]) -> None:
+        """Append the check's records of the next rows (in row order)."""
+        self._events.extend(records)
         if self._at < 0 and self._events:
             self._at = self._events[0][0]
 
-    def update(self, s: Any) -> list:
+    def update(self, s: Any) -> list[Alert]:
         i = self._row
         self._row = i + 1
         if i != self._at:
@@ -117,37 +156,43 @@ class _Playback:
         self._at = ev[0][0] if ev else -1
         return alerts or NO_ALERTS
 
+    def state_dict(self) -> dict[str, Any]:
+        def alert(a: Alert | None) -> dict[str, Any] | None:
+            return None if a is None else plain_json(a.to_dict())
+
+        return {
+            "row": self._row,
+            "rank": self.rank,
+            "pending": alert(self.pending),
+            "records": [[i, r, alert(p), [alert(a) for a in al]] for i, r, p, al in self._events],
+        }
+
+    def load_state_dict(self, d: Mapping[str, Any]) -> None:
+        def alert(a: Mapping[str, Any] | None) -> Alert | None:
+            return None if a is None else Alert(**a)
+
+        self.reset()
+        self._row, self.rank = int(d["row"]), int(d["rank"])
+        self.pending = alert(d["pending"])
+        recs = d["records"]
+        self.feed([(int(i), int(r), alert(p), [alert(a) for a in al]) for i, r, p, al in recs])
+
 
 def _child(
-    conn: Any, checks: list[Any], arrays: list, steps: np.ndarray, warm: np.ndarray, n: int
+    conn: Any, checks: list[Check], arrays: list, steps: np.ndarray, warm: np.ndarray, n: int
 ) -> None:
-    """Run ``checks`` over the rows; send ``(hi, records)`` per chunk, then ``("done",
-    checks)``. A record ``(row, rank, pending, alerts)`` is kept where the row raised alerts,
-    left a pending alert or changed the rank."""
+    """Run ``checks`` over the rows; send ``(hi, records)`` per chunk (``record_rows``), then
+    ``("done", checks)``."""
     import math
     from collections import namedtuple
 
     row_type = namedtuple("_RowValues", _FIELDS)  # type: ignore[misc]
     make = row_type._make
-    has_pending = [hasattr(c, "pending") for c in checks]
-    last = [c.rank for c in checks]
-    updates = [c.update for c in checks]
-    k = range(len(checks))
     for lo, hi in chunks(n):
         nan_col = [math.nan] * (hi - lo)
         cols = [nan_col if a is None else a[lo:hi].tolist() for a in arrays]
-        records: list[list] = [[] for _ in k]
         rows = zip(steps[lo:hi].astype(float, copy=False).tolist(), *cols, warm[lo:hi].tolist())
-        for i, row in enumerate(map(make, rows), lo):
-            for j in k:
-                out = updates[j](row)
-                c = checks[j]
-                p = c.pending if has_pending[j] else None
-                r = c.rank
-                if out or p is not None or r != last[j]:
-                    records[j].append((i, r, p, list(out)))
-                    last[j] = r
-        conn.send((hi, records))
+        conn.send((hi, record_rows(checks, map(make, rows), lo)))
     for c in checks:
         c.end_replay()  # (what begin_replay kept is the replay's, and large: not sent back)
     conn.send(("done", checks))
@@ -190,7 +235,7 @@ def replay_parallel(
         finally:
             os._exit(code)
     writer.close()
-    plays = [_Playback(c) for c in originals]
+    plays = [Playback(c) for c in originals]
     ok = False
     try:
         for i, p in zip(index, plays):

@@ -22,7 +22,7 @@ import importlib.metadata
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -197,6 +197,90 @@ def zero_std_groups(groups: torch.Tensor) -> torch.Tensor:
     return ((n >= 2) & (dev < 1e-16)).float()
 
 
+def resume_off_boundary(tr: Any, step: int) -> tuple[str, dict[str, Any]] | None:
+    """A resume inside a generation batch: TRL regenerates the batch from the resumed step, so
+    the run no longer follows the uninterrupted trajectory from there. ``(message, evidence)``,
+    or None on a batch boundary."""
+    args = tr.args
+    every = int(args.steps_per_generation) * int(getattr(tr, "num_iterations", 1))
+    micro = step * int(args.gradient_accumulation_steps)  # TRL counts micro-batches
+    if every <= 1 or micro % every == 0:
+        return None
+    before = (micro // every) * every // int(args.gradient_accumulation_steps)
+    message = (
+        f"training resumes at step {step}, inside a generation batch (TRL generates a new "
+        f"one every {every} micro-batches: steps_per_generation={args.steps_per_generation} "
+        f"x num_iterations={getattr(tr, 'num_iterations', 1)}): TRL samples a new batch "
+        f"here, so from step {step + 1} the run departs from the trajectory it would have "
+        f"followed uninterrupted. Checkpoints on a batch boundary (save_steps a multiple of "
+        f"{every // int(args.gradient_accumulation_steps) or 1}; the last one before this "
+        f"was step {before}) resume exactly"
+    )
+    return message, {"step": step, "generate_every_micro_batches": every}
+
+
+def no_wandb_duplicates(sinks: Any, args: Any) -> None:
+    """With ``report_to`` naming W&B, TRL already logs the mirrored columns
+    (``TRAINER_LOG_COLUMNS``) as ``train/lld/<column>``: a ``WandbSink`` among ``sinks`` then
+    leaves them out, so no LLD column is charted twice."""
+    report_to = getattr(args, "report_to", None) or []
+    report_to = [report_to] if isinstance(report_to, str) else list(report_to)
+    if "wandb" not in report_to and "all" not in report_to:
+        return
+    from lld_monitor.sinks import WandbSink
+
+    for sink in sinks:
+        if isinstance(sink, WandbSink):
+            sink.skip_columns |= set(TRAINER_LOG_COLUMNS)
+            logger.info(
+                "lld_monitor: report_to includes wandb: TRL logs %d LLD columns as "
+                "train/%s<column>; WandbSink logs the others only",
+                len(TRAINER_LOG_COLUMNS),
+                TRAINER_LOG_PREFIX,
+            )
+
+
+def valid_searches(out: Mapping[str, Any], tool_counts: tuple[int, int] | None) -> torch.Tensor:
+    """Float [B] valid searches per completion of a rank's generation batch ``out``.
+
+    With TRL tools (``tool_counts``: TRL's (calls, failures) of the batch): (calls - failures)
+    / completions (per batch, so every row holds the batch mean). Otherwise (no tools, or a
+    rollout_func's env_mask): the tool rounds of each row, actions - 1 (0 without tool
+    feedback).
+    """
+    mask = out["completion_mask"]  # [B, T]
+    if tool_counts is not None:
+        calls, failures = tool_counts
+        n = max(mask.shape[0], 1)
+        return torch.full((mask.shape[0],), (calls - failures) / n, device=mask.device)
+    if out.get("tool_mask") is not None:
+        mask = mask * out["tool_mask"]  # [B, T] generated tokens only
+    return tool_rounds(mask)  # [B]
+
+
+def truncated_responses(tr: Any, inputs: Mapping[str, Any]) -> torch.Tensor | None:
+    """[B] bool, TRL's own rule for ``completions/clipped_ratio`` per response: the last
+    token of the completion is neither an end-of-sequence token nor the pad token (the
+    generation stopped at ``max_completion_length``). A completion whose mask TRL zeroed
+    (``mask_truncated_completions``) counts as cut. None when the ids are not there."""
+    ids = inputs.get("completion_ids")
+    if ids is None:
+        return None
+    ends = list(getattr(tr, "eos_token_ids", None) or [])
+    proc = getattr(tr, "processing_class", None)
+    for tok_id in (getattr(proc, "eos_token_id", None), getattr(tr, "pad_token_id", None)):
+        if tok_id is not None:
+            ends.append(int(tok_id))
+    if getattr(proc, "pad_token_id", None) is not None:
+        ends.append(int(proc.pad_token_id))
+    if not ends:
+        return None
+    lengths = inputs["completion_mask"].sum(1).long()  # [B] tokens up to the end
+    last = ids.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]  # [B]
+    ended = torch.isin(last, torch.tensor(sorted(set(ends)), device=ids.device))
+    return (lengths == 0) | ~ended
+
+
 class GRPOAdapter(GenerationProbe, TrainerAdapter):
     """Full LLD monitoring of a TRL ``GRPOTrainer``; one row per optimizer step at on_step_end."""
 
@@ -240,48 +324,15 @@ class GRPOAdapter(GenerationProbe, TrainerAdapter):
         return meta
 
     def resume_checks(self, step: int) -> None:
-        """A resume inside a generation batch: TRL regenerates the batch from the resumed step,
-        so the run no longer follows the uninterrupted trajectory from there (warned, and
-        recorded as a ``resume_off_boundary`` event)."""
-        args, tr = self.trainer.args, self.trainer
-        every = int(args.steps_per_generation) * int(getattr(tr, "num_iterations", 1))
-        micro = step * int(args.gradient_accumulation_steps)  # TRL counts micro-batches
-        if every <= 1 or micro % every == 0:
+        """A resume inside a generation batch (``resume_off_boundary``): warned, and recorded
+        as a ``resume_off_boundary`` event."""
+        said = resume_off_boundary(self.trainer, step)
+        if said is None:
             return
-        before = (micro // every) * every // int(args.gradient_accumulation_steps)
-        message = (
-            f"training resumes at step {step}, inside a generation batch (TRL generates a new "
-            f"one every {every} micro-batches: steps_per_generation={args.steps_per_generation} "
-            f"x num_iterations={getattr(tr, 'num_iterations', 1)}): TRL samples a new batch "
-            f"here, so from step {step + 1} the run departs from the trajectory it would have "
-            f"followed uninterrupted. Checkpoints on a batch boundary (save_steps a multiple of "
-            f"{every // int(args.gradient_accumulation_steps) or 1}; the last one before this "
-            f"was step {before}) resume exactly"
-        )
+        message, evidence = said
         if self.monitor.rank == 0:
             warn_user(f"lld_monitor: {message}")
-        evidence = {"step": step, "generate_every_micro_batches": every}
         self.monitor.lifecycle_event(step, "resume_off_boundary", message, "warning", evidence)
-
-    def _no_wandb_duplicates(self, args: Any) -> None:
-        """With ``report_to`` naming W&B, TRL already logs the mirrored columns
-        (``TRAINER_LOG_COLUMNS``) as ``train/lld/<column>``: a ``WandbSink`` of the monitor
-        then leaves them out, so no LLD column is charted twice."""
-        report_to = getattr(args, "report_to", None) or []
-        report_to = [report_to] if isinstance(report_to, str) else list(report_to)
-        if "wandb" not in report_to and "all" not in report_to:
-            return
-        from lld_monitor.sinks import WandbSink
-
-        for sink in self.monitor.sinks:
-            if isinstance(sink, WandbSink):
-                sink.skip_columns |= set(TRAINER_LOG_COLUMNS)
-                logger.info(
-                    "lld_monitor: report_to includes wandb: TRL logs %d LLD columns as "
-                    "train/%s<column>; WandbSink logs the others only",
-                    len(TRAINER_LOG_COLUMNS),
-                    TRAINER_LOG_PREFIX,
-                )
 
     def install(self) -> None:
         check_trl_version()
@@ -304,7 +355,7 @@ class GRPOAdapter(GenerationProbe, TrainerAdapter):
                 "so the adapter can call them as GRPOTrainer does."
             )
         args = self.trainer.args
-        self._no_wandb_duplicates(args)
+        no_wandb_duplicates(self.monitor.sinks, args)
         self.monitor.set_llds_reuse_problem(
             llds_reuse_problem(
                 self.trainer.num_iterations,
@@ -414,28 +465,12 @@ class GRPOAdapter(GenerationProbe, TrainerAdapter):
         self._check_sampler_logps(out)
         searches = None  # [B]: no tool feedback in this batch means no searches (V = 0)
         if self._tool_counts is not None or out.get("tool_mask") is not None:
-            searches = self._valid_searches(out)  # [B]
+            searches = valid_searches(out, self._tool_counts)  # [B]
             out[KEY_SEARCHES] = searches  # logged (num_searches) only when tools are in play
         gid = self._n_gen
         self._n_gen += 1
         out[KEY_GENERATION] = torch.tensor(gid)  # 0-dim CPU: survives shuffle/split, no sync
         self._gens[gid] = {"start": tr._step, "micro": {}, "searches": searches}
-
-    def _valid_searches(self, out: dict[str, Any]) -> torch.Tensor:
-        """Float [B] valid searches per completion of this rank's generation batch.
-
-        With TRL tools: (tool calls - failed calls) / completions, TRL's counts (per batch, so
-        every row holds the batch mean). Otherwise (no tools, or a rollout_func's env_mask): the
-        tool rounds of each row, actions - 1 (0 without tool feedback).
-        """
-        mask = out["completion_mask"]  # [B, T]
-        if self._tool_counts is not None:
-            calls, failures = self._tool_counts
-            n = max(mask.shape[0], 1)
-            return torch.full((mask.shape[0],), (calls - failures) / n, device=mask.device)
-        if out.get("tool_mask") is not None:
-            mask = mask * out["tool_mask"]  # [B, T] generated tokens only
-        return tool_rounds(mask)  # [B]
 
     def _get_logps(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def _get_per_token_logps_and_entropies(*args: Any, **kwargs: Any) -> Any:
@@ -501,7 +536,7 @@ class GRPOAdapter(GenerationProbe, TrainerAdapter):
             num_searches=searches,
             kl=kl,
             rewards_per_func=self._per_func(inputs.get(KEY_REWARDS_PER_FUNC)),
-            truncated=self._truncated(inputs),
+            truncated=truncated_responses(self.trainer, inputs),
         )
         gen_tag = inputs.get(KEY_GENERATION)
         gen = self._gens.get(int(gen_tag)) if gen_tag is not None else None
@@ -512,29 +547,6 @@ class GRPOAdapter(GenerationProbe, TrainerAdapter):
         if self.monitor.llds.enabled:
             loss = loss + self._llds(logps, old, adv, mask, gen, searches)
         return loss
-
-    def _truncated(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        """[B] bool, TRL's own rule for ``completions/clipped_ratio`` per response: the last
-        token of the completion is neither an end-of-sequence token nor the pad token (the
-        generation stopped at ``max_completion_length``). A completion whose mask TRL zeroed
-        (``mask_truncated_completions``) counts as cut. None when the ids are not there."""
-        ids = inputs.get("completion_ids")
-        if ids is None:
-            return None
-        tr = self.trainer
-        ends = list(getattr(tr, "eos_token_ids", None) or [])
-        proc = getattr(tr, "processing_class", None)
-        for tok_id in (getattr(proc, "eos_token_id", None), getattr(tr, "pad_token_id", None)):
-            if tok_id is not None:
-                ends.append(int(tok_id))
-        if getattr(proc, "pad_token_id", None) is not None:
-            ends.append(int(proc.pad_token_id))
-        if not ends:
-            return None
-        lengths = inputs["completion_mask"].sum(1).long()  # [B] tokens up to the end
-        last = ids.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]  # [B]
-        ended = torch.isin(last, torch.tensor(sorted(set(ends)), device=ids.device))
-        return (lengths == 0) | ~ended
 
     def _in_batch(self, gen: dict[str, Any], key: int, logps: torch.Tensor) -> None:
         """Measure a micro-batch of a reused rollout batch once: the first time the loss sees

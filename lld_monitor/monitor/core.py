@@ -25,30 +25,17 @@ from lld_monitor.events import Alert, make_event, warn_user
 from lld_monitor.monitor import config as monitor_config
 from lld_monitor.monitor import distributed, llds_checks, rollout, step_metrics
 from lld_monitor.monitor import resume as resume_state
-from lld_monitor.monitor.actions import (  # noqa: F401  (re-exported: the former home)
-    AUTO_LLDS_ACCEPTED,
-    AUTO_LLDS_KINDS,
-    AUTO_LLDS_LAMBDA,
-    CHECKPOINT,
-    COLLAPSE_KINDS,
-    STOP,
-    ActionPolicy,
-    Responder,
-)
+from lld_monitor.monitor.actions import CHECKPOINT, STOP, ActionPolicy, Responder
 from lld_monitor.monitor.config import MonitorConfig
 from lld_monitor.monitor.correctness import CorrectnessRule, ThresholdWatch
 from lld_monitor.monitor.dispatch import EventDispatcher
 from lld_monitor.monitor.failure import FailurePolicy
-from lld_monitor.monitor.llds_checks import ZERO_STD_WARN, OnceNotes  # noqa: F401  (re-exported)
+from lld_monitor.monitor.llds_checks import OnceNotes
 from lld_monitor.monitor.llds_switch import LLDSSwitch
+from lld_monitor.monitor.row_checks import RowChecks
+from lld_monitor.monitor.sigterm import LoopEnding
 from lld_monitor.monitor.step_metrics import FIELD_INDEX, FIELD_NAMES, StepMetrics, row_from_sums
-from lld_monitor.monitor.token_sampling import (  # noqa: F401  (re-exported: the former home)
-    SAMPLE_RESPONSE,
-    SAMPLE_TOP_TOKEN,
-    ProbeRecord,
-    TokenSampler,
-    TokenSource,
-)
+from lld_monitor.monitor.token_sampling import ProbeRecord, TokenSampler, TokenSource
 
 logger = logging.getLogger("lld_monitor")
 
@@ -112,6 +99,9 @@ class LLDMonitor:
         self.failures = FailurePolicy(self.strict, self._on_error)
         self.threshold_watch = ThresholdWatch(self.correctness)
         self.notes = OnceNotes(self._event, self.guard)  # llds checks and notes, once per run
+        self.row_checks = RowChecks(
+            self.notes, self.threshold_watch, self._event, self.dispatch.alert, self.guard
+        )
         self.responder = Responder(
             monitor_config.make_detector(config.detector),
             self.actions,
@@ -137,15 +127,9 @@ class LLDMonitor:
         self.should_stop = False  # set by stop_on_collapse; adapters copy it into control
         self.should_save = False  # set by checkpoint_on_collapse; reset by the adapter
         self.closed = False
-        # a plain loop's SIGTERM handler (_catch_sigterm): what it replaced, whether it is set,
-        # the signal that ended the run
-        self._sigterm: Any = None
-        self._sigterm_set = False
-        self._terminated_by: int | None = None
+        self._ending = LoopEnding(self._close_at_exit)  # a plain loop's SIGTERM and exit
         self._acc = StepMetrics()
         self._last_rollout: rollout.Rollout | None = None
-        self._zero_std_rows = 0  # rows in a row with most groups at zero reward variance
-        self._nonfinite_open: set[str] = set()  # inputs in a non-finite episode (alerted)
         self.reward_fn_names: list[str] = []  # the same on every rank: fixes the vector length
         self._lock = threading.RLock()
         self.reuse_warning: str | None = None  # set by an adapter when LLDS can never act
@@ -247,9 +231,6 @@ class LLDMonitor:
     def _on_error(self, where: str, err: BaseException) -> None:
         msg = f"{where} failed: {type(err).__name__}: {err}"
         self._emit("error", self.step, where, msg, "warning", {"exception": type(err).__name__})
-
-    def _report_error(self, where: str, err: BaseException) -> None:
-        self.failures.report(where, err)
 
     # -- events (dispatch.py) ----------------------------------------------------------------------
 
@@ -502,7 +483,7 @@ class LLDMonitor:
         except Exception as err:
             if self.strict:
                 raise
-            self._report_error("llds_term", err)
+            self.failures.report("llds_term", err)
             return logp_new.new_zeros(()), None
 
     @staticmethod
@@ -512,7 +493,7 @@ class LLDMonitor:
 
         return FIELD_NAMES, len(SUM_FIELDS)
 
-    # -- plain API: the row -------------------------------------------------------------------
+    # -- plain API: the row (row_checks.py, llds_checks.py) -----------------------------------
 
     def end_step(self, step: int | None = None, **extra_columns: Any) -> dict[str, Any]:
         """Close the current step: reduce across ranks, write one row (rank 0), detect, act.
@@ -564,67 +545,17 @@ class LLDMonitor:
     def _write_row(self, step: int, host: list[float], extra: Mapping[str, Any]) -> dict[str, Any]:
         row: dict[str, Any] = {C.STEP: step, C.TIME: time.time()}
         row.update(row_from_sums(host, self.reward_fn_names))
-        n_still = host[FIELD_INDEX["n_probe_still"]]
-        if host[FIELD_INDEX["n_probe"]] == 0 and n_still > 0:
-            self._note_once(
-                "no_step_probe", step, llds_checks.NO_STEP_PROBE, "info", {"probes": n_still}
-            )
         row.update(extra)
-        self._check_nonfinite_inputs(host, step)
-        self._check_threshold_reached(row, host[FIELD_INDEX["rule_reward_max"]])
+        self.row_checks.before_write(row, host, step, self.reward_fn_names, self.rank)
         self.last_row = row
-        if self.rank == 0 and self.writer is not None and not self._replaying(step):
+        fresh = not resume_state.replaying(self.resumed_last_step, step)  # (not a resumed one's)
+        if self.rank == 0 and self.writer is not None and fresh:
             self.dispatch.row(row)
             self.tokens.write(self.writer, step)
-        self._check_zero_std(row, step)
+        who = llds_checks.llds_subject(self.llds.enabled, self.auto_llds)
+        self.row_checks.after_write(row, step, who)
         self._detect(row, step)
         return row
-
-    def _check_nonfinite_inputs(self, host: list[float], step: int) -> None:
-        """A critical ``nonfinite`` alert when a reward (naming the function) or a log-prob was
-        +-inf or NaN in this step (the row holds NaN there, never a mean of the rest); once per
-        episode of each input, again after it has been finite."""
-        bad = step_metrics.nonfinite_inputs(host, self.reward_fn_names)
-        seen = self._nonfinite_open
-        now = {what for what, _ in bad}
-        new = [(what, n) for what, n in bad if what not in seen]
-        seen.intersection_update(now)
-        seen.update(now)
-        if not new:
-            return
-        parts = [what + (f" ({n:g} responses)" if n == n else "") for what, n in new]
-        message = (
-            f"non-finite input at step {step}: {', '.join(parts)} held +-inf or NaN; the row "
-            "says unknown (NaN) for what depends on it (reward_mean, the reward function's "
-            "column, the confidence or displacement columns), never a mean of the finite rest. "
-            "Check the reward function's return values and the model's log-probs (fp16 "
-            "overflow, a -inf logit under the sampled token)"
-        )
-        evidence = {what: (None if n != n else n) for what, n in new}
-        alert = Alert(step, "nonfinite", "critical", message, evidence)
-        with self.guard("nonfinite alert"):
-            self._event(alert.to_event())
-            self.dispatch.alert(alert)
-
-    def _check_threshold_reached(self, row: Mapping[str, Any], rule_max: float) -> None:
-        """Warn once when rewards vary but no response has reached the threshold for a while."""
-        msg = self.threshold_watch.update(row, rule_max)
-        if msg is None:
-            return
-        logger.warning("lld_monitor: %s", msg)
-        if self.rank == 0:
-            warn_user(msg)
-        evidence = {"rule_reward_max": self.threshold_watch.rule_max}
-        step = int(row.get(C.STEP, self.step))
-        self._emit("lifecycle", step, "no_correct_responses", msg, "warning", evidence)
-
-    # -- LLDS checks (llds_checks.py) --------------------------------------------------------------
-
-    def _note_once(
-        self, key: str, step: int, message: str, severity: str, evidence: Mapping[str, Any]
-    ) -> bool:
-        """Say ``message`` once per run (lifecycle event ``key``); False when said before."""
-        return self.notes.say(key, step, message, severity, evidence)
 
     def check_llds_can_act(
         self, *, reuse_problem: str | None = None, num_generations: int | None = None
@@ -637,24 +568,7 @@ class LLDMonitor:
         """
         who = llds_checks.llds_subject(self.llds.enabled, self.auto_llds, self.auto_llds_on)
         problems = llds_checks.can_act_problems(who, reuse_problem, num_generations)
-        return [m for key, m, ev in problems if self._note_once(key, self.step, m, "warning", ev)]
-
-    def _check_zero_std(self, row: Mapping[str, Any], step: int) -> None:
-        """Warn once when most prompt groups have had zero reward variance for
-        ``ZERO_STD_ROWS`` rows in a row: the gate rarely fires (a first row like it is normal
-        in a run that starts at accuracy 0)."""
-        frac = row.get(C.FRAC_ZERO_STD_GROUPS)
-        if frac is None:  # a row without groups neither extends nor breaks the streak
-            return
-        high = isinstance(frac, int | float) and frac >= llds_checks.ZERO_STD_WARN
-        self._zero_std_rows = self._zero_std_rows + 1 if high else 0
-        if self._zero_std_rows < llds_checks.ZERO_STD_ROWS:
-            return
-        who = llds_checks.llds_subject(self.llds.enabled, self.auto_llds)
-        msg = llds_checks.zero_std_problem(who, frac, step, self._zero_std_rows)
-        if msg is not None:
-            evidence = {C.FRAC_ZERO_STD_GROUPS: float(frac)}
-            self._note_once("llds_check_zero_std", step, msg, "warning", evidence)
+        return [m for key, m, ev in problems if self.notes.say(key, self.step, m, "warning", ev)]
 
     # -- detector and actions (actions.py) ---------------------------------------------------------
 
@@ -684,9 +598,6 @@ class LLDMonitor:
     token_samples_per_step = property(lambda self: self.tokens.token_samples)
     response_samples_per_step = property(lambda self: self.tokens.response_samples)
 
-    def _act(self, alert: Alert, step: int) -> None:
-        self.responder.act(alert, step)
-
     def _request(self, action: str) -> None:
         """A trainer request of an action: the adapters copy the flags into ``control``."""
         if action == STOP:
@@ -712,10 +623,6 @@ class LLDMonitor:
     def _replayed_event(self, event: Mapping[str, Any]) -> bool:
         """An alert/phase/intervention event of a step the resumed folder already holds."""
         return resume_state.replayed_event(self.resumed_last_step, event)
-
-    def _replaying(self, step: Any) -> bool:
-        """True for a step a resumed folder already holds (replayed after an earlier checkpoint)."""
-        return resume_state.replaying(self.resumed_last_step, step)
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs (plain JSON): step, LLDS switch, detector, phase, warnings.
@@ -745,20 +652,7 @@ class LLDMonitor:
         self.threshold_watch.load_state_dict(s.correctness)
         asked_on, asked_lam = self.llds.enabled, self.llds.lam  # what this script configured
         self.llds._sync(s.llds_enabled, s.llds_lam)
-        evidence = {"llds_enabled": int(s.llds_enabled), "llds_lam": s.llds_lam}
-        message = s.restore_message()
-        if (asked_on, asked_lam if asked_on else None) != (
-            s.llds_enabled,
-            s.llds_lam if s.llds_enabled else None,
-        ):
-            asked = f"on (lambda={asked_lam:g})" if asked_on else "off"
-            now = f"on (lambda={s.llds_lam:g})" if s.llds_enabled else "off"
-            message += (
-                f"; this script asked for LLDS {asked}, the checkpoint's switch wins: LLDS is "
-                f"{now} as it was when the checkpoint was saved (monitor.llds.enable() / "
-                "disable() after attach changes it)"
-            )
-            evidence["asked_llds_enabled"] = int(asked_on)
+        message, evidence = s.restore_note(asked_on, asked_lam)
         if self.rank == 0:  # said on the console, not only in events.jsonl
             if "asked_llds_enabled" in evidence:
                 warn_user(f"lld_monitor: {message}")
@@ -774,7 +668,7 @@ class LLDMonitor:
         if self.closed:
             return
         self.closed = True
-        self._release_sigterm()
+        self._ending.release()
         if self.adapter is not None:
             with self.guard("adapter.uninstall"):
                 self.adapter.uninstall()
@@ -794,44 +688,12 @@ class LLDMonitor:
     # -- a plain loop's ending (sigterm.py) ----------------------------------------------------
 
     def _catch_sigterm(self) -> None:
-        """A plain loop (``with LLDMonitor(...)``, or ``start()`` ... ``close()``): SIGTERM ends
-        the run log as the Trainer path does (the end event and closed.json, then exit status
-        143; a handler of the user's is called instead and keeps its say), and a monitor never
-        closed is closed when the interpreter exits. Once; main thread only."""
-        if self._sigterm_set or self.closed:
-            return
-        import atexit
+        """A plain loop: SIGTERM ends the run log (closed.json, then exit status 143; a handler
+        of the user's keeps its say) and a monitor never closed closes at interpreter exit."""
+        if not self.closed:
+            self._ending.hold()
 
-        from lld_monitor.monitor.sigterm import install_sigterm
-
-        self._sigterm = install_sigterm(self._on_sigterm)
-        self._sigterm_set = True
-        atexit.register(self._close_at_exit)
-
-    def _on_sigterm(self, signum: int) -> None:
-        self._terminated_by = signum
-
-    def _close_at_exit(self) -> None:
-        """atexit: close a monitor the loop never closed, naming why the process ended."""
-        if self.closed:
-            return
-        import sys
-
-        from lld_monitor.monitor.sigterm import TerminatedBySignal
-
-        error: BaseException | None = getattr(sys, "last_value", None)
-        if self._terminated_by is not None:
-            error = TerminatedBySignal(self._terminated_by)
-        with self.guard("close at exit"):
-            self.close(error=error)
-
-    def _release_sigterm(self) -> None:
-        if not self._sigterm_set:
-            return
-        import atexit
-
-        from lld_monitor.monitor.sigterm import restore_sigterm
-
-        restore_sigterm(self._sigterm)
-        atexit.unregister(self._close_at_exit)
-        self._sigterm_set = False
+    def _close_at_exit(self, error: BaseException | None) -> None:
+        if not self.closed:
+            with self.guard("close at exit"):
+                self.close(error=error)

@@ -42,6 +42,27 @@ class MonitorState:
             f"phase {self.phase}"
         )
 
+    def restore_note(self, asked_on: bool, asked_lam: float) -> tuple[str, dict[str, Any]]:
+        """The restore event's message and evidence; ``asked_*``: the LLDS switch the resumed
+        script configured (the checkpoint's wins, and the message says so when they differ:
+        ``asked_llds_enabled`` is then in the evidence)."""
+        evidence: dict[str, Any] = {
+            "llds_enabled": int(self.llds_enabled),
+            "llds_lam": self.llds_lam,
+        }
+        message = self.restore_message()
+        asked = (asked_on, asked_lam if asked_on else None)
+        if asked != (self.llds_enabled, self.llds_lam if self.llds_enabled else None):
+            was = f"on (lambda={asked_lam:g})" if asked_on else "off"
+            now = f"on (lambda={self.llds_lam:g})" if self.llds_enabled else "off"
+            message += (
+                f"; this script asked for LLDS {was}, the checkpoint's switch wins: LLDS is "
+                f"{now} as it was when the checkpoint was saved (monitor.llds.enable() / "
+                "disable() after attach changes it)"
+            )
+            evidence["asked_llds_enabled"] = int(asked_on)
+        return message, evidence
+
 
 def monitor_state(
     *,

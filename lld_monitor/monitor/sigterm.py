@@ -73,3 +73,46 @@ def restore_sigterm(previous: Any) -> None:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     except (ValueError, OSError):
         pass
+
+
+class LoopEnding:
+    """A plain loop's ending (``with LLDMonitor(...)``, or ``start()`` ... ``close()``): while
+    held, SIGTERM ends the run log as the Trainer path does (``install_sigterm``), and a monitor
+    never closed is closed when the interpreter exits, naming the signal or the uncaught
+    exception that ended the process. ``close(error)`` is the monitor's close. Main thread
+    only; held once; ``release()`` at close."""
+
+    def __init__(self, close: Any) -> None:
+        self._close = close
+        self._previous: Any = None
+        self.held = False
+        self.signum: int | None = None  # the signal that ended the run
+
+    def hold(self) -> None:
+        if self.held:
+            return
+        import atexit
+
+        self._previous = install_sigterm(self._on_signal)
+        self.held = True
+        atexit.register(self._at_exit)
+
+    def _on_signal(self, signum: int) -> None:
+        self.signum = signum
+
+    def _at_exit(self) -> None:
+        import sys
+
+        error: BaseException | None = getattr(sys, "last_value", None)
+        if self.signum is not None:
+            error = TerminatedBySignal(self.signum)
+        self._close(error)
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        import atexit
+
+        restore_sigterm(self._previous)
+        atexit.unregister(self._at_exit)
+        self.held = False

@@ -188,9 +188,9 @@ def test_a_row_only_check_gives_on_row_records_what_it_gives_in_the_detector(cls
         for step, values in run:
             s.update(step, values)
             s.phase = "healthy"
-            got_a = [x.to_dict() for x in a.update(s)], a.rank, getattr(a, "pending", None)
+            got_a = [x.to_dict() for x in a.update(s)], a.rank, a.pending
             row = record(step, *values, s.warm)
-            got_b = [x.to_dict() for x in b.update(row)], b.rank, getattr(b, "pending", None)
+            got_b = [x.to_dict() for x in b.update(row)], b.rank, b.pending
             assert got_a == got_b, (cls.__name__, step)
             fired += len(got_a[0]) + (got_a[2] is not None)
         assert a.state_dict() == b.state_dict()
@@ -212,3 +212,90 @@ def test_begin_replay_changes_no_answer(cls) -> None:
             assert _out(a, s) == _out(b, s), (cls.__name__, step)
         b.end_replay()
         assert a.state_dict() == b.state_dict()
+
+
+@pytest.mark.parametrize("cls", CHECK_CLASSES, ids=lambda c: c.__name__)
+def test_a_check_raises_the_kinds_it_declares_and_no_other(cls) -> None:
+    # Check.kinds: every alert a check returns or leaves pending is of a declared kind, and
+    # every declared kind is raised on the contract runs (a declared kind is not a guess)
+    raised: set[str] = set()
+    for run in RUNS:
+        s, check = Signals(CFG), cls(CFG)
+        for step, values in run:
+            s.update(step, values)
+            s.phase = "healthy"
+            kinds = {a.kind for a in check.update(s)}
+            if check.pending is not None:
+                assert check.immediate, (cls.__name__, "pending without immediate")
+                kinds.add(check.pending.kind)
+            assert kinds <= set(cls.kinds), (cls.__name__, step, kinds)
+            raised |= kinds
+    assert raised == set(cls.kinds), (cls.__name__, raised)
+
+
+def test_the_declared_kinds_by_hand() -> None:
+    # the checks whose name is not the alert they raise
+    by_name = {c.__name__: c.kinds for c in CHECK_CLASSES}
+    assert by_name["TrendLevels"] == () and by_name["SharpDropCollapse"] == ()
+    assert by_name["LevelShiftCollapse"] == ("collapse",)
+    assert by_name["KlSpike"] == by_name["GradSpike"] == ("spike",)
+    assert by_name["Displacement"] == ("displacement",)
+
+
+def _playback_of(cls: type[Check], run) -> tuple[Check, list]:
+    """A fresh ``cls`` fed ``run`` as the replay's child feeds it (row records, by chunks of
+    50 rows), and a ``parallel.Playback`` of it holding every record."""
+    from collections import namedtuple
+
+    from lld_monitor.analysis.parallel import _FIELDS, Playback, record_rows
+
+    record = namedtuple("Row", _FIELDS)
+    s, child = Signals(CFG), cls(CFG)
+    rows = []
+    for step, values in run:
+        s.update(step, values)
+        rows.append(record(step, *values, s.warm))
+    play = Playback(cls(CFG))
+    for lo in range(0, len(rows), 50):
+        for recs in record_rows([child], rows[lo : lo + 50], lo):
+            play.feed(recs)
+    return play, rows
+
+
+@pytest.mark.parametrize("cls", [c for c in CHECK_CLASSES if c.row_only], ids=lambda c: c.__name__)
+def test_the_playback_of_a_row_only_check_is_a_check_that_gives_what_it_gave(cls) -> None:
+    # the replay's second process: the parent's detector holds a Playback where the check was.
+    # It is a Check (the detector's add_check takes it), declares the check's name, key, kinds
+    # and immediate, gives at every row the check's alerts, rank and pending, and its state
+    # round-trips through JSON at every prefix
+    from lld_monitor.analysis.detector import PhaseDetector
+    from lld_monitor.analysis.parallel import Playback
+
+    fired = 0
+    for run in RUNS:
+        play, rows = _playback_of(cls, run)
+        ref = cls(CFG)
+        assert isinstance(play, Check)
+        assert (play.kind, play.kinds, play.key, play.immediate) == (
+            ref.kind,
+            ref.kinds,
+            ref.key,
+            ref.immediate,
+        )
+        for row in rows:
+            want = [a.to_dict() for a in ref.update(row)], ref.rank, ref.pending
+            got = [a.to_dict() for a in play.update(None)], play.rank, play.pending
+            assert got == want, (cls.__name__, row.step)
+            fired += len(want[0]) + (want[2] is not None) + (want[1] > 0)
+            state = json.loads(json.dumps(play.state_dict(), allow_nan=False))
+            again = Playback(cls(CFG))
+            again.load_state_dict(state)
+            assert again.state_dict() == state
+            play = again
+        assert play.state_dict()["records"] == []  # every record played
+        play.reset()
+        assert play.state_dict() == Playback(cls(CFG)).state_dict()
+    assert fired > 0, f"{cls.__name__} never fired: the test proves nothing"
+    det = PhaseDetector()
+    det.checks = [c for c in det.checks if not isinstance(c, cls)]
+    det.add_check(Playback(cls(CFG)))  # (add_check refuses what is not a Check)

@@ -510,11 +510,12 @@ def test_valid_searches_from_trl_tool_counts(tmp_path: Any) -> None:
     adapter = monitor.adapter
     completion_mask = torch.ones(4, 5, dtype=torch.long)
     adapter._tool_counts = (7, 1)  # what the wrapped _tool_call_loop records: 6 valid calls
-    got = adapter._valid_searches({"completion_mask": completion_mask})
+    got = trl_adapter.valid_searches({"completion_mask": completion_mask}, adapter._tool_counts)
     assert got.tolist() == [1.5] * 4  # 6 valid calls / 4 completions
     adapter._tool_counts = None  # no tools: actions - 1 from completion_mask * tool_mask
     tool_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 0, 1, 0, 1], [1, 0, 0, 1, 1], [0, 1, 1, 1, 1]])
-    got = adapter._valid_searches({"completion_mask": completion_mask, "tool_mask": tool_mask})
+    batch = {"completion_mask": completion_mask, "tool_mask": tool_mask}
+    got = trl_adapter.valid_searches(batch, None)
     assert got.tolist() == [0.0, 2.0, 1.0, 0.0]
     monitor.close()
 
@@ -722,7 +723,7 @@ def test_dropout_warns_at_attach_and_refuses_llds_unless_forced(tmp_path: Any) -
     with pytest.raises(ValueError, match="LLDS cannot be switched on: the model applies dropout"):
         monitor.llds.enable()
     alert = Alert(3, "stagnation", "warning", "x", {})
-    monitor._act(alert, 3)  # what an auto_llds alert does: refused, on the record
+    monitor.responder.act(alert, 3)  # what an auto_llds alert does: refused, on the record
     assert not monitor.llds.enabled
     monitor.close()
     events = load_run(tmp_path / "r0").events

@@ -3,8 +3,13 @@
 A check reads the row's features from ``Signals`` (computed once per row, before any check) and
 keeps its own running state:
 
-- ``kind`` (class attribute): the alert kind it raises; ``key`` (default ``kind``): the name of
-  its state in the detector's state (unique within one detector).
+- ``kind`` (class attribute): the check's name, and the default ``key`` (the name of its state
+  in the detector's state, unique within one detector). For most checks it is also the one
+  alert kind they raise, but not for all: ``kinds`` says which.
+- ``kinds`` (class attribute): the alert kinds its ``update`` may return or leave in
+  ``pending``; defaults to ``(kind,)``. A check that only feeds the phase machine its ``rank``
+  (the trend levels, the sharp drop) declares ``()``: the stagnation, decay and collapse alerts
+  are the machine's. The contract tests hold every check to it.
 - ``__init__(config)`` stores the ``DetectorConfig``; ``reset()`` rebuilds the fresh state.
 - ``update(s) -> list[Alert]``: called once per accepted row, in the detector's order (which is
   the order of the alerts within a row). It returns a LIST, usually the shared empty
@@ -17,7 +22,8 @@ keeps its own running state:
   restores it; ``load_state_dict(state_dict())`` then ``update`` behaves as the original would.
 - ``immediate`` (class attribute): the phase machine escalates on the row of the check's own
   alert, which it leaves in ``pending`` (an ``Alert`` or None, set on every row) instead of
-  returning it; its persistence is its own.
+  returning it; its persistence is its own. Every check has ``pending`` (None unless
+  ``immediate``).
 - ``row_only`` (class attribute): the check reads nothing of ``s`` but ``step``, the row's raw
   values (the ``signals.INPUT_COLUMNS`` attributes) and ``warm``; not another check, not the
   phase, not the features. The replay may then run it in a second process, on plain row
@@ -49,10 +55,17 @@ class Check:
 
     __slots__ = ("config",)
     kind: ClassVar[str] = ""
+    kinds: ClassVar[tuple[str, ...]] = ()
     immediate: ClassVar[bool] = False
     row_only: ClassVar[bool] = False
     rank: int = 0
     recover_after: float = 0.0
+    pending: Alert | None = None
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if "kinds" not in cls.__dict__ and cls.kind:
+            cls.kinds = (cls.kind,)
 
     def __init__(self, config: DetectorConfig) -> None:
         self.config = config

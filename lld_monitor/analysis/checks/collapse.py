@@ -25,6 +25,7 @@ class SharpDropCollapse(Check):
 
     __slots__ = ("_log_surge", "rank")
     kind = "sharp_collapse"
+    kinds = ()  # (feeds the phase machine rank 3: the collapse alert is the machine's)
 
     def __init__(self, config: DetectorConfig) -> None:
         self._log_surge = math.log(config.grad_surge_ratio)

@@ -120,6 +120,7 @@ class LevelShiftCollapse(Check):
     """
 
     kind = "level_shift"
+    kinds = ("collapse",)  # (left in pending: the machine emits it as the phase alert)
     immediate = True  # the phase machine escalates on the alert row, without more persistence
     row_only = True  # (reads the row's raw values, its step and nothing else)
     _SIGNALS = (C.GRAD_NORM, C.ENTROPY, C.COMPLETION_LENGTH, C.FRAC_TRUNCATED, "zero_std")

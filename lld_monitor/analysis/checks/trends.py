@@ -32,6 +32,7 @@ class TrendLevels(Check):
         "since2",
     )
     kind = "trend_levels"
+    kinds = ()  # (feeds the phase machine its rank: stagnation and decay are the machine's)
 
     def reset(self) -> None:
         n = self.config.trend_levels
