@@ -10,9 +10,14 @@ alert says so) or it acts too hard (coefficient 0.05 with a chunk gate, exact ma
   nonzero ``llds_loss``): LLDS is on but displacement goes on; lambda x ``raise_factor``, at
   most ``lam_max``;
 - **back off**: the reward fell after LLDS went on while the gate was active: the mean of the
-  last ``reward_rows`` rows below the mean of the ``reward_rows`` rows before LLDS went on by a
-  one-sided Welch t of at least ``fall_z`` (2.33: about 1% for noise alone) and by at least
-  ``fall_frac`` of it (20%); lambda x ``backoff_factor``; below ``lam_min`` LLDS goes off.
+  last ``reward_rows`` rewards below the mean of the ``reward_rows`` rewards before LLDS went on
+  by a one-sided Welch t of at least ``fall_z`` (2.33: about 1% for noise alone) and by at least
+  ``fall_frac`` of it (20%); lambda x ``backoff_factor``; below ``lam_min`` LLDS goes off. A
+  reward is a measurement, not a row: a value equal to the one before is the same rollout
+  batch's reward logged again at its next update (the toy testbed and TRL with
+  ``steps_per_generation`` log one batch's reward on each of its updates) and counts once; 16
+  copies of one batch taken as 16 samples gave t = -inf on the first batch after LLDS went on
+  (the first d7 measurement, sample_runs/README.md).
 
 Every change waits ``cooldown_rows`` rows after the previous one, and is an intervention event
 with its reason and numbers (``LLDSSwitch``'s ``on_change``: the dashboard's lambda trace and
@@ -91,7 +96,8 @@ class LLDSWatchdog:
 
     def reset(self) -> None:
         cfg = self.config
-        self.recent: deque[float] = deque(maxlen=cfg.reward_rows)  # rewards of the last rows
+        self.recent: deque[float] = deque(maxlen=cfg.reward_rows)  # the last rewards measured
+        self.last_reward = math.nan  # the last finite reward logged (a repeat counts once)
         self.before: list[float] = []  # the rewards before LLDS went on
         self.after: deque[float] = deque(maxlen=cfg.reward_rows)
         self.displaced: deque[float] = deque(maxlen=cfg.window_rows)
@@ -104,9 +110,12 @@ class LLDSWatchdog:
         cfg = self.config
         reward = _num(row, C.REWARD_MEAN)
         step = int(_num(row, C.STEP)) if math.isfinite(_num(row, C.STEP)) else None
+        fresh = math.isfinite(reward) and reward != self.last_reward  # (a repeat: same batch)
+        if math.isfinite(reward):
+            self.last_reward = reward
         if not enabled:
             self.on = False
-            if math.isfinite(reward):
+            if fresh:
                 self.recent.append(reward)
             return None
         if not self.on:  # LLDS just went on: the rows before are the reference
@@ -116,7 +125,7 @@ class LLDSWatchdog:
             self.displaced.clear()
             self.since_change = 0
         self.since_change += 1
-        if math.isfinite(reward):
+        if fresh:
             self.after.append(reward)
         gated, loss = _num(row, C.LLDS_FRAC_GATED), _num(row, C.LLDS_LOSS)
         active = (math.isfinite(gated) and gated > 0) or (math.isfinite(loss) and loss > 0)
@@ -133,8 +142,8 @@ class LLDSWatchdog:
             t, m0, m1 = fall
             new = lam * cfg.backoff_factor
             numbers = (
-                f"reward {m0:.3g} in the {len(self.before)} rows before LLDS went on (step "
-                f"{self.on_step}) -> {m1:.3g} in the last {len(self.after)}, t={t:.1f}"
+                f"reward {m0:.3g} over the {len(self.before)} rewards logged before LLDS went on "
+                f"(step {self.on_step}) -> {m1:.3g} over the last {len(self.after)}, t={t:.1f}"
             )
             evidence = {"t": t, "reward_before": m0, "reward_after": m1, "lam_was": lam}
             self._changed()
@@ -183,6 +192,7 @@ class LLDSWatchdog:
             "gate_seen": self.gate_seen,
             "since_change": self.since_change,
             "on_step": self.on_step,
+            "last_reward": self.last_reward if math.isfinite(self.last_reward) else None,
         }
 
     def load_state_dict(self, d: Mapping[str, Any]) -> None:
@@ -194,3 +204,5 @@ class LLDSWatchdog:
         self.on, self.gate_seen = bool(d["on"]), bool(d["gate_seen"])
         self.since_change = int(d["since_change"])
         self.on_step = d["on_step"]
+        last = d.get("last_reward")
+        self.last_reward = math.nan if last is None else float(last)

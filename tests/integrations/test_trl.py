@@ -1333,3 +1333,56 @@ def test_llds_on_without_batch_reuse_gets_the_inert_warning_with_its_reason(tmp_
     assert "either the generation batch is not reused" in hit[C.EVENT_MESSAGE].iloc[0]
     post = [a for a in analyze_run(tmp_path / "run").alerts if a.kind == "llds_inert"]
     assert [(a.step, a.evidence["reason"]) for a in post] == [(20, "gate_never_fires")]
+
+
+def test_the_llds_watchdog_backs_off_in_a_live_grpo_run(tmp_path: Any) -> None:
+    """The watchdog's back-off through a real GRPOTrainer (issue 51, item 2): the batch is
+    reused (num_iterations=2: the gate acts, and each batch's reward is logged on both of its
+    steps), LLDS is switched on at step 16 at lambda 0.16, and from then on the reward is cut
+    to a quarter: a stand-in for a lambda that stalls learning (the watchdog's test reads the
+    fall after LLDS went on with the gate acting; why the reward fell it cannot tell, by
+    design). Once 16 rewards have been measured since (31 steps: a repeated batch reward
+    counts once) it halves lambda in the live loss (the llds_lambda column), an intervention
+    event with its numbers."""
+    first_half = set("a b c d e f g h i j k l m".split())
+    cut = {"on": False}
+
+    def reward_first_half(completions: list[str], **kwargs: Any) -> list[float]:
+        # the share of a completion's words from the first half of the alphabet: varies
+        # within every group, so the advantages are not all 0
+        out = [
+            sum(w in first_half for w in c.split()) / max(len(c.split()), 1) for c in completions
+        ]
+        return [r * (0.25 if cut["on"] else 1.0) for r in out]
+
+    class SwitchOn(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 16:
+                monitor.llds.enable(0.16, reason="test: a lambda too large for this run")
+                cut["on"] = True
+
+    trainer = make_grpo_trainer(
+        tmp_path / "tr",
+        max_steps=60,
+        num_iterations=2,
+        reward_funcs=[reward_first_half],
+        callbacks=[SwitchOn()],
+        disable_tqdm=True,
+    )
+    monitor = LLDMonitor(tmp_path / "run", detector=None, llds_watchdog=True)
+    monitor.attach(trainer)
+    trainer.train()
+    monitor.close()
+    run = load_run(tmp_path / "run")
+    inter = run.events[run.events[C.EVENT_TYPE] == "intervention"]
+    assert inter[C.EVENT_KIND].tolist() == ["llds_enable", "llds_enable"]
+    lowered = inter.iloc[1]
+    msg = lowered[C.EVENT_MESSAGE]
+    assert "llds_watchdog" in msg and "0.16 -> 0.08" in msg and "over the last 16" in msg, msg
+    # a batch is generated at steps 1, 3, 5, ... and its reward logged on its two steps: the
+    # 16th reward measured after LLDS went on (end of step 16) is the batch of step 47
+    assert lowered[C.EVENT_STEP] == 47, inter[C.EVENT_STEP].tolist()
+    steps = run.steps.set_index(C.STEP)
+    assert (steps.loc[17:47, C.LLDS_LOSS] > 0).any()  # the gate acted before the back-off
+    assert steps.loc[30, C.LLDS_LAMBDA] == pytest.approx(0.16)
+    assert steps.loc[55, C.LLDS_LAMBDA] == pytest.approx(0.08)  # the live loss's lambda

@@ -105,3 +105,28 @@ def test_the_watchdog_is_off_unless_asked(tmp_path):
     assert LLDMonitor(tmp_path / "a", auto_llds=True).watchdog is None
     assert LLDMonitor(tmp_path / "b").watchdog is None
     assert LLDMonitor(tmp_path / "c", auto_llds=True, llds_watchdog=True).watchdog is not None
+
+
+def test_a_reward_repeated_on_the_rows_of_its_batch_counts_once():
+    """A rollout batch's reward logged on each of its 16 updates is one measurement (the toy's
+    d7 preset): one low batch after LLDS went on is not 16 samples (they gave t = -inf and a
+    back-off one batch after the switch); the test waits for 16 batches."""
+    dog = LLDSWatchdog()
+    step = 0
+
+    def feed(values, enabled):
+        nonlocal step
+        out = []
+        for v in values:
+            for _ in range(16):
+                step += 1
+                out.append(dog.update(_row(step, v, **{C.LLDS_LOSS: 0.1}), enabled, 0.2))
+        return [d for d in out if d is not None]
+
+    assert feed([0.5, 0.52, 0.48, 0.51, 0.49, 0.5, 0.53, 0.47], False) == []
+    assert feed([0.1], True) == []  # one batch, 16 rows: one measurement
+    assert (len(dog.before), len(dog.after)) == (8, 1)
+    assert feed([0.1 + 0.01 * (i % 3) for i in range(1, 15)], True) == []  # 15 measurements
+    decisions = feed([0.09], True)  # the 16th
+    assert [d.action for d in decisions] == ["lower"] and decisions[0].lam == pytest.approx(0.1)
+    assert "over the 8 rewards logged before" in decisions[0].reason
