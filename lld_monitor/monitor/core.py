@@ -600,10 +600,8 @@ class LLDMonitor:
 
     def _request(self, action: str) -> None:
         """A trainer request of an action: the adapters copy the flags into ``control``."""
-        if action == STOP:
-            self.should_stop = True
-        elif action == CHECKPOINT:
-            self.should_save = True
+        self.should_stop |= action == STOP
+        self.should_save |= action == CHECKPOINT
 
     def take_save_request(self) -> bool:
         """Whether a checkpoint was requested since the last call (the adapter then saves once)."""
@@ -637,6 +635,7 @@ class LLDMonitor:
             detector=self.detector,
             reward_fn_names=self.reward_fn_names,
             correctness=self.threshold_watch.state_dict(),
+            watchdog=None if self.watchdog is None else self.watchdog.state_dict(),
         )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -647,9 +646,10 @@ class LLDMonitor:
             self.detector.load_state_dict(s.detector)
         self.responder.phase = s.phase
         for name in s.reward_fn_names:
-            if name not in self.reward_fn_names:
-                self.reward_fn_names.append(name)
+            self.add_reward_fn(name)
         self.threshold_watch.load_state_dict(s.correctness)
+        if self.watchdog is not None and s.watchdog is not None:  # (a run without one: afresh)
+            self.watchdog.load_state_dict(s.watchdog)
         asked_on, asked_lam = self.llds.enabled, self.llds.lam  # what this script configured
         self.llds._sync(s.llds_enabled, s.llds_lam)
         message, evidence = s.restore_note(asked_on, asked_lam)

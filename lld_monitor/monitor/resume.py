@@ -33,6 +33,7 @@ class MonitorState:
     detector: Any | None = None  # the detector's own state_dict
     reward_fn_names: tuple[str, ...] = ()
     correctness: Mapping[str, Any] = field(default_factory=dict)  # ThresholdWatch's state
+    watchdog: Mapping[str, Any] | None = None  # LLDSWatchdog's state (None: off, or older)
 
     def restore_message(self) -> str:
         """The ``restore`` event's message."""
@@ -73,6 +74,7 @@ def monitor_state(
     detector: Any | None,
     reward_fn_names: Sequence[str],
     correctness: Mapping[str, Any],
+    watchdog: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The plain-JSON state: step, LLDS switch, detector (its ``state_dict``), phase, warnings."""
     return {
@@ -83,6 +85,7 @@ def monitor_state(
         "detector": detector.state_dict() if hasattr(detector, "state_dict") else None,
         "reward_fn_names": list(reward_fn_names),
         "correctness": dict(correctness),
+        "watchdog": None if watchdog is None else dict(watchdog),
     }
 
 
@@ -99,6 +102,7 @@ def parse_state(state: Mapping[str, Any]) -> MonitorState:
         detector=state.get("detector"),
         reward_fn_names=tuple(state.get("reward_fn_names", [])),
         correctness=state.get("correctness") or {},
+        watchdog=state.get("watchdog"),
     )
 
 

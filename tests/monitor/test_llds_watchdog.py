@@ -4,6 +4,7 @@ intervention event with its reason."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -130,3 +131,36 @@ def test_a_reward_repeated_on_the_rows_of_its_batch_counts_once():
     decisions = feed([0.09], True)  # the 16th
     assert [d.action for d in decisions] == ["lower"] and decisions[0].lam == pytest.approx(0.1)
     assert "over the 8 rewards logged before" in decisions[0].reason
+
+
+def test_the_watchdog_resumes_from_the_checkpoint_state(tmp_path):
+    """The monitor's state_dict (saved with every Trainer checkpoint) carries the watchdog's:
+    a monitor resumed at step 30 lowers lambda at the same steps as the uninterrupted one."""
+
+    def feed(m, steps):
+        for s in steps:
+            if s == 17:
+                m.llds.enable(0.16, reason="user")
+            low = s >= 17
+            m.end_step(step=s, reward_mean=(0.05 if low else 0.5) + 0.01 * (s % 2), llds_loss=0.4)
+
+    def lowered_at(run):
+        ev = load_run(run).events
+        inter = ev[ev[C.EVENT_TYPE] == "intervention"]
+        return inter[inter[C.EVENT_MESSAGE].str.contains("llds_watchdog")][C.EVENT_STEP].tolist()
+
+    whole = LLDMonitor(tmp_path / "whole", detector=None, llds_watchdog=True)
+    feed(whole, range(1, 50))
+    whole.close()
+    first = LLDMonitor(tmp_path / "first", detector=None, llds_watchdog=True)
+    feed(first, range(1, 31))
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    assert state["watchdog"]["on"] is True and len(state["watchdog"]["after"]) == 14
+    resumed = LLDMonitor(tmp_path / "resumed", detector=None, llds_watchdog=True)
+    with pytest.warns(UserWarning, match="the checkpoint's switch wins"):  # (LLDS was on)
+        resumed.load_state_dict(state)
+    assert resumed.watchdog.state_dict() == state["watchdog"]
+    feed(resumed, range(31, 50))
+    resumed.close()
+    assert lowered_at(tmp_path / "resumed") == lowered_at(tmp_path / "whole") == [32, 48]
