@@ -40,9 +40,11 @@ VARIANTS = ("vanilla", "no-neg-adv", "llds")
 #: ``auto``: the monitor's automatic LLDS with the shipped defaults (not a column of the tables)
 RUN_VARIANTS = (*VARIANTS, "auto")
 LLDS_MODE = {"llds": "on", "auto": "auto"}  # variant -> monitored_run(llds=...); else "off"
-SMOOTH = 96  # trailing window (optimizer updates) of the smoothed reward
-FALL_FRAC = 0.5  # the reward has fallen when its smoothed value is below this share of its peak
-MIN_PEAK = 0.1  # ... of a running peak of at least this (below it there is nothing to fall from)
+# the fall from the peak: the one definition is the demo's (lld_monitor.toy.compare)
+from lld_monitor.toy.compare import FALL_SHARE as FALL_FRAC  # noqa: E402  (below this share ...)
+from lld_monitor.toy.compare import MIN_PEAK  # noqa: E402  (... of a running peak of at least)
+from lld_monitor.toy.compare import PEAK_WINDOW as SMOOTH  # noqa: E402  (trailing window, updates)
+
 ONSET_FRAC = 0.9  # the fall starts at the last step the smoothed reward was >= 90% of its peak
 MIN_STRETCH = 100  # updates of the early phases before the fall
 HOLD_TOL = 0.03  # "rises or holds": the smoothed reward ends the stretch >= its start - this

@@ -229,7 +229,7 @@ def _rows_written(run_dir: Path) -> int:
 
 def run_comparison(args: argparse.Namespace) -> int:
     """LLDS off and automatic LLDS from the same seed, in two processes, then the comparison."""
-    from lld_monitor.toy.compare import comparison_text, read_arm
+    from lld_monitor.toy.compare import PEAK_WINDOW, comparison_text, read_arm
 
     out = Path(args.out) if args.out else default_out(None, args.seed)
     arm_dirs = {arm: out / arm for arm in ARMS}
@@ -243,6 +243,8 @@ def run_comparison(args: argparse.Namespace) -> int:
     seed_note = (
         f"the first of seeds {DEMO_SEED_CANDIDATES[0]}-{DEMO_SEED_CANDIDATES[-1]} whose LLDS-off "
         "run collapses in sample_runs/README.md; --seed N for another"
+        if args.seed == DEMO_SEED and args.preset == DEMO_PRESET
+        else "the demo's seed; its rule picks it on the default preset"
         if args.seed == DEMO_SEED
         else "chosen with --seed"
     )
@@ -292,7 +294,9 @@ def run_comparison(args: argparse.Namespace) -> int:
     quoted = " ".join(shlex.quote(str(d)) for d in arm_dirs.values())
     print(
         f"\nboth arms trained in {time.time() - t0:.0f} s (reward: the mean of each rollout "
-        f"batch of {off.batch} updates; 'fell' = below {_share_text()} of the first batch's)\n"
+        f"batch of {off.batch} updates; 'fell' = below {_share_text()} of the first batch's; "
+        f"'from its peak' = its {PEAK_WINDOW}-update mean below {_share_text()} of its running "
+        "peak)\n"
         + comparison_text(off, auto)
         + f"\n\nBoth runs, one line each: {_own_command()} analyze {shlex.quote(str(out))}"
         + f"\nOne run in full:          {_own_command()} analyze "

@@ -23,6 +23,13 @@ from lld_monitor.runlog import load_run
 #: rollout batch's mean (the demo's stated rule; one rollout batch is the unit the reward is
 #: measured on: every update of a batch logs rewards of that batch's responses).
 FALL_SHARE = 0.5
+#: "The reward fell from its peak" (the spiral study's rule, ``scripts/spiral_sweep.py``): the
+#: mean reward of the last ``PEAK_WINDOW`` updates is below ``FALL_SHARE`` of its running peak,
+#: a peak of at least ``MIN_PEAK`` (below it there is nothing to fall from). The slow spiral
+#: (the d7 preset) rises for hundreds of updates before it falls, so its fall is from the peak,
+#: not from the first rollout batch (whose noise the first rule also reads as falls).
+PEAK_WINDOW = 96
+MIN_PEAK = 0.1
 #: "The off arm collapsed" (the demo's seed rule): its final sampled accuracy is below this.
 COLLAPSED_ACCURACY = 0.05
 #: Columns a re-run is not expected to reproduce (wall-clock time).
@@ -49,6 +56,9 @@ class Arm:
     start_accuracy: float
     final_accuracy: float
     extra: dict[str, Any] = field(default_factory=dict)
+    #: (first step the PEAK_WINDOW-update mean reward was below FALL_SHARE of its running peak,
+    #: that peak); (None, peak) when it never was
+    peak_fall: tuple[int | None, float] = (None, math.nan)
 
 
 def rollout_batch_means(steps: pd.DataFrame, batch: int) -> list[float]:
@@ -80,6 +90,24 @@ def reward_fall_step(
         if math.isfinite(means[k]) and means[k] < share * means[0]:
             return int(first_steps[k]), means
     return None, means
+
+
+def peak_fall_step(
+    steps: pd.DataFrame, window: int = PEAK_WINDOW, share: float = FALL_SHARE
+) -> tuple[int | None, float]:
+    """(first step whose trailing ``window``-update mean reward is below ``share`` x its running
+    peak (a peak of at least ``MIN_PEAK``), the peak then); (None, the highest mean) when none
+    is, or the run is shorter than ``window``."""
+    if steps.empty or C.REWARD_MEAN not in steps or len(steps) < window:
+        return None, math.nan
+    r = pd.to_numeric(steps[C.REWARD_MEAN], errors="coerce")
+    mean = r.rolling(window, min_periods=window).mean().to_numpy(dtype=float)
+    peak = np.fmax.accumulate(np.where(np.isfinite(mean), mean, -np.inf))
+    fallen = np.where((mean < share * peak) & (peak >= MIN_PEAK))[0]
+    if not len(fallen):
+        return None, float(np.nanmax(mean))
+    f = int(fallen[0])
+    return int(steps[C.STEP].to_numpy()[f]), float(peak[f])
 
 
 _SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
@@ -137,6 +165,7 @@ def read_arm(path: str | Path) -> Arm:
         llds_on_reason=reason,
         start_accuracy=float(summary["start_eval"]["accuracy"]),
         final_accuracy=float(summary["final_eval"]["accuracy"]),
+        peak_fall=peak_fall_step(run.steps),
     )
 
 
@@ -159,6 +188,15 @@ def _fell_text(arm: Arm) -> str:
     )
 
 
+def _peak_fall_text(arm: Arm) -> str:
+    step, peak = arm.peak_fall
+    if step is not None:
+        return f"step {step} ({PEAK_WINDOW}-update mean below half its peak {peak:.2f})"
+    if arm.steps < PEAK_WINDOW:
+        return f"(a run shorter than {PEAK_WINDOW} updates)"
+    return f"did not fall (its {PEAK_WINDOW}-update mean peaked at {peak:.2f})"
+
+
 def comparison_text(off: Arm, auto: Arm) -> str:
     """The demo's two-arm comparison: one block per arm, then a verdict line."""
     blocks = []
@@ -171,6 +209,7 @@ def comparison_text(off: Arm, auto: Arm) -> str:
             llds = arm.llds_mode
         lines = [
             f"reward fell:       {_fell_text(arm)}",
+            f"from its peak:     {_peak_fall_text(arm)}",
             f"alerts:            {_alerts_text(arm)}",
             f"LLDS:              {llds}",
             f"sampled accuracy:  {arm.start_accuracy:.2f} -> {arm.final_accuracy:.2f}",
@@ -180,24 +219,32 @@ def comparison_text(off: Arm, auto: Arm) -> str:
 
 
 def verdict_line(off: Arm, auto: Arm) -> str:
-    """One sentence: did the alert come before the fall, and did automatic LLDS help."""
+    """One sentence: did the alert come before the fall (a rollout batch below half of the
+    first's; and from the peak of the smoothed reward), and did automatic LLDS help."""
     parts = []
+    first = off.alerts[0] if off.alerts else None
     if off.fell_at is None:
-        parts.append("the LLDS-off run's reward did not fall (no spiral to show with this seed)")
+        parts.append("no rollout batch of the LLDS-off run fell below half of the first batch's")
+    elif first is None:
+        parts.append(f"the reward fell at step {off.fell_at} with no alert at all")
+    elif first[1] < off.fell_at:
+        parts.append(
+            f"the first alert ({first[0]}, step {first[1]}) came "
+            f"{off.fell_at - first[1]} steps before the reward fell"
+        )
     else:
-        first = off.alerts[0] if off.alerts else None
-        if first is None:
-            parts.append(f"the reward fell at step {off.fell_at} with no alert at all")
-        elif first[1] < off.fell_at:
-            parts.append(
-                f"the first alert ({first[0]}, step {first[1]}) came "
-                f"{off.fell_at - first[1]} steps before the reward fell"
-            )
-        else:
-            parts.append(
-                f"the first alert ({first[0]}, step {first[1]}) came only after the reward "
-                f"fell (step {off.fell_at})"
-            )
+        parts.append(
+            f"the first alert ({first[0]}, step {first[1]}) came only after the reward "
+            f"fell (step {off.fell_at})"
+        )
+    peak = off.peak_fall[0]  # the slow spiral's fall: from the peak of the smoothed reward
+    if peak is not None and first is not None and first[1] < peak:
+        parts.append(
+            f"from its peak the reward fell at step {peak}, {peak - first[1]} steps after the "
+            "first alert"
+        )
+    elif peak is not None:
+        parts.append(f"from its peak the reward fell at step {peak}, with no alert before it")
     diff = auto.final_accuracy - off.final_accuracy
     if auto.llds_on_at is None:
         parts.append("automatic LLDS never switched on")

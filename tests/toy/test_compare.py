@@ -14,6 +14,7 @@ from lld_monitor import columns as C
 from lld_monitor.toy.compare import (
     COLLAPSED_ACCURACY,
     first_alerts,
+    peak_fall_step,
     read_arm,
     reward_fall_step,
     rollout_batch_means,
@@ -44,6 +45,34 @@ def test_rollout_batch_means_and_the_fall_rule_by_hand():
     assert reward_fall_step(_steps([0.0] * 8), 4)[0] is None
     with pytest.raises(ValueError):
         rollout_batch_means(rows, 0)
+
+
+def test_the_fall_from_the_peak_by_hand():
+    # window 4: trailing means from step 4: 0.2, 0.3, 0.4, 0.5, 0.6, 0.475, 0.35, 0.225, 0.1;
+    # running peak 0.6 from step 8; the first mean below half of it (0.3) is 0.225 at step 11
+    rows = _steps([0.2] * 4 + [0.6] * 4 + [0.1] * 4)
+    step, peak = peak_fall_step(rows, window=4)
+    assert step == 11 and peak == pytest.approx(0.6)
+    # a rise that never falls: (None, its highest mean); a peak under MIN_PEAK is no peak
+    step, peak = peak_fall_step(_steps([0.2] * 4 + [0.6] * 4), window=4)
+    assert step is None and peak == pytest.approx(0.6)
+    assert peak_fall_step(_steps([0.08] * 4 + [0.01] * 8), window=4)[0] is None
+    # shorter than the window: nothing to say
+    step, peak = peak_fall_step(_steps([0.5, 0.1]), window=4)
+    assert step is None and math.isnan(peak)
+
+
+def test_the_stored_d7_arms_fall_from_the_peak_where_the_spiral_study_said():
+    # sample_runs/rescue: seed 0's LLDS-off run fell from its peak at 2221 (the spiral study's
+    # table, spiral3/long2400), 1407 updates after the displacement alert; the automatic arm
+    # did not fall
+    d7 = ROOT / "sample_runs" / "rescue" / "s4-16upd-lr8e-4-G8-seed0"
+    off, auto = read_arm(f"{d7}-off"), read_arm(f"{d7}-auto")
+    assert off.fell_at is None and off.peak_fall[0] == 2221
+    assert auto.peak_fall[0] is None and auto.llds_on_at == 814
+    line = verdict_line(off, auto)
+    assert "from its peak the reward fell at step 2221, 1407 steps after the first alert" in line
+    assert "(+0.33)" in line
 
 
 def test_first_alerts_keep_the_first_step_and_the_worst_severity():
