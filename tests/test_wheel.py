@@ -186,27 +186,18 @@ def test_analyze_and_report_run_from_the_wheel_without_the_training_stack(
     probe = subprocess.run([str(py), "-c", "import torch"], env=env, capture_output=True, text=True)
     assert probe.returncode != 0 and "made unimportable" in probe.stderr  # the block works
     cli = str(env_dir / "bin" / "lld-monitor")
+
+    def run_cli(*args: str) -> subprocess.CompletedProcess:
+        res = subprocess.run(
+            [cli, *args], env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300
+        )
+        assert res.returncode == 0, res.stderr
+        return res
+
     log = REPO / "tests" / "fixtures" / "importers" / "trainer_state.json"
-    res = subprocess.run(
-        [cli, "analyze", str(log)],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr
-    assert "signals used" in res.stdout
+    assert "signals used" in run_cli("analyze", str(log)).stdout
     folder = REPO / "tests" / "fixtures" / "importers" / "shapes" / "trl_checkpoints"
-    res = subprocess.run(
-        [cli, "report", str(folder), "--out", str(tmp_path / "rep")],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr
+    run_cli("report", str(folder), "--out", str(tmp_path / "rep"))
     summary = (tmp_path / "rep" / "summary.md").read_text()
     assert "**Verdict: collapsed**" in summary and "checkpoint-10" in summary
     assert list((tmp_path / "rep" / "charts").glob("*.png"))
