@@ -96,6 +96,31 @@ def test_end_step_row_by_hand(tmp_path):
     assert list(steps[C.STEP]) == [1]
 
 
+@pytest.mark.parametrize("is_mean", [0.57, 0.99])
+def test_verls_sampler_metrics_reach_the_row_and_the_mismatch_check(tmp_path, is_mean):
+    """verl's rollout-correction IS-ratio mean and rollout-vs-actor probability difference, as
+    its trainer puts them in the step's metrics, are written live (issue 51, item 4): at 0.57
+    the sampler_mismatch warning comes at the third row; at 0.99 (and a small difference)
+    none."""
+    live = VerlLiveMonitor(tmp_path / "run", control=None, flight_recorder=None)
+    diff = 0.2 if is_mean < 0.8 else 0.001
+    for step in range(1, 6):
+        metrics = {
+            "actor/grad_norm": 1.0,
+            "actor/pg_loss": 0.1,
+            "rollout_corr/rollout_is_mean": is_mean,
+            "training/rollout_probs_diff_mean": diff,
+        }
+        row = live.end_step(step, hand_batch(), metrics)
+        assert row[C.IS_RATIO_MEAN] == pytest.approx(is_mean)
+        assert row[C.SAMPLER_PROB_DIFF] == pytest.approx(diff)
+    live.close()
+    events = Run(tmp_path / "run").events
+    alerts = events[events[C.EVENT_TYPE] == "alert"]
+    mismatch = alerts[alerts[C.EVENT_KIND] == "sampler_mismatch"]
+    assert mismatch[C.EVENT_STEP].tolist() == ([3] if is_mean < 0.8 else [])
+
+
 def test_response_rewards_and_probe_rows(tmp_path):
     assert response_rewards(hand_batch()).tolist() == [1.0, 0.0, 0.0]
     assert response_rewards({"rewards": torch.tensor([0.5, 1.0])}).tolist() == [0.5, 1.0]

@@ -41,6 +41,7 @@ import torch
 from lld_monitor import columns as C
 from lld_monitor import metrics
 from lld_monitor.events import make_event
+from lld_monitor.importers.names import FOREIGN_NAMES
 from lld_monitor.monitor.config import MonitorConfig
 
 _LOG = logging.getLogger(__name__)
@@ -64,6 +65,16 @@ GRAD_NORM_KEY = "actor/grad_norm"
 PG_LOSS_KEY = "actor/pg_loss"
 LLDS_LOSS_KEY = "actor/lld/" + C.LLDS_LOSS
 LLDS_FRAC_KEY = "actor/lld/" + C.LLDS_FRAC_GATED
+#: verl's sampler-vs-trainer metrics of a step (``rollout_corr/*`` of its rollout correction,
+#: ``training/rollout_probs_diff_*`` of its rollout-vs-actor debug metrics) -> our column: the
+#: importer's names for them (``importers.names.FOREIGN_NAMES``, one definition), written to the
+#: row when verl computed them, as on import (the ``sampler_mismatch`` check reads them).
+VERL_SAMPLER_METRICS: dict[str, str] = {
+    key: col
+    for col in (C.IS_RATIO_MEAN, C.SAMPLER_LOGP_DIFF, C.SAMPLER_PROB_DIFF)
+    for key in FOREIGN_NAMES[col]
+    if key.startswith(("rollout_corr/", "training/"))
+}
 
 
 # --- settings of the trainer (verl_trainer.LLDMonitorTrainer) ------------------------------------
@@ -478,7 +489,8 @@ class VerlLiveMonitor:
         ``batch``: padded response tensors ([B, R]): ``response_mask``, ``old_log_probs``,
         ``advantages``, and when present ``responses``, ``token_level_scores``, ``entropy``,
         ``ref_log_prob``. ``metrics``: verl's step metric dict (``actor/grad_norm``,
-        ``actor/pg_loss``, ``actor/lld/llds_loss``, ...). ``probe_log_probs`` [k, R]: the
+        ``actor/pg_loss``, ``actor/lld/llds_loss``, and when verl computed them its sampler
+        metrics, ``VERL_SAMPLER_METRICS``, ...). ``probe_log_probs`` [k, R]: the
         ``probe_rows`` after the update. Returns the row written.
         """
         t0 = time.perf_counter()
@@ -518,7 +530,13 @@ class VerlLiveMonitor:
             mon.observe_post_update(
                 torch.as_tensor(probe_log_probs).float(), rows=rows, tokenizer=self.tokenizer
             )
-        row = mon.end_step(step)
+        sampler: dict[str, float] = {}
+        with mon.guard("verl sampler metrics"):
+            for key, col in VERL_SAMPLER_METRICS.items():
+                value = _scalar(metrics.get(key))
+                if value is not None and math.isfinite(value):
+                    sampler[col] = value
+        row = mon.end_step(step, **sampler)
         with mon.guard("verl flight recorder"):
             self._flight(step, batch, metrics, row, probe_log_probs, probe_rows)
         self._step_seconds += time.perf_counter() - t0
