@@ -13,6 +13,7 @@ latest first), then by name.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -45,6 +46,7 @@ __all__ = [
     "triage_one",
     "verdict_of",
     "verdict_word",
+    "worst_alert",
 ]
 
 #: Verdicts, worst first (the sort order of the table).
@@ -165,16 +167,25 @@ def analyse_one(
     return verdict_of(name, path, df, analysis), analysis
 
 
+def worst_alert(alerts: Sequence[Any]) -> Any | None:
+    """The worst of ``alerts`` (anything with ``severity`` and ``step``: ``Alert``s, the
+    dashboard's markers): the highest severity, and of those the first sighting (the smallest
+    step; the first given on a tie). The one rule of the triage's "worst alert", the picker's and
+    the dashboard header's; None for no alert."""
+    rank = {s: i for i, s in enumerate(C.SEVERITIES)}
+    if not alerts:
+        return None
+    top = max(rank.get(a.severity, 0) for a in alerts)
+    return min((a for a in alerts if rank.get(a.severity, 0) == top), key=lambda a: a.step)
+
+
 def verdict_of(name: str, path: Path, df: Any, analysis: Any) -> RunVerdict:
     """The verdict of a run already read (``df``) and analysed: the one rule the triage, the
     picker and the dashboard's header use."""
     alerts = list(analysis.alerts)
-    rank = {s: i for i, s in enumerate(C.SEVERITIES)}
-    severe = [a for a in alerts if a.severity in ("warning", "critical")]
+    first = worst_alert([a for a in alerts if a.severity in ("warning", "critical")])
     worst = None
-    if severe:
-        top = max(rank[a.severity] for a in severe)
-        first = next(a for a in severe if rank[a.severity] == top)
+    if first is not None:
         worst = {
             "kind": first.kind,
             "severity": first.severity,

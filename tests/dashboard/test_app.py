@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from lld_monitor import columns as C
-from lld_monitor.events import make_event
+from lld_monitor.events import Alert, make_event
 from lld_monitor.runlog import RunWriter
 
 pytest.importorskip("streamlit")
@@ -75,7 +75,9 @@ def write_run(
         w.log_step(step_row(s))
     if n_steps > 30:
         w.log_event(
-            make_event("alert", 30, "decay", "logp of *correct* fell <0.3> nats", "warning")
+            # (before the analyzer's own decay at 27: the header's worst alert is the first
+            # sighting of the worst severity, triage.worst_alert)
+            make_event("alert", 20, "decay", "logp of *correct* fell <0.3> nats", "warning")
         )
         w.log_event(make_event("intervention", 31, "llds_on", "LLDS switched on, lambda 0.2"))
     if n_steps > 40:
@@ -184,7 +186,7 @@ def test_run_renders_header_charts_widgets(tmp_path: Path, monkeypatch: pytest.M
     assert "exp1 · events" in names
     events = next(d for d in spec["data"] if d.get("name") == "exp1 · events")
     logged = [(x, t) for x, t in zip(arr(events["x"]), events["text"]) if "(run log)" in t]
-    assert [x for x, _ in logged] == [30.0, 31.0]
+    assert [x for x, _ in logged] == [20.0, 31.0]
     assert "LLDS switched on" in logged[1][1]
     # the 50% line of the displaced-share panel is drawn
     assert any(s.get("y0") == 0.5 and s.get("y1") == 0.5 for s in spec["layout"]["shapes"])
@@ -1445,3 +1447,25 @@ def test_picker_badges_are_drawn_by_a_plain_font() -> None:
     for verdict, badge in sources.VERDICT_BADGE.items():
         assert all(ord(ch) in cmap for ch in badge), (verdict, badge)
     assert ord("🔴") not in cmap  # (the check can fail: an emoji is not in the font)
+
+
+def test_the_header_and_the_picker_name_the_same_worst_alert() -> None:
+    """One rule for "the worst alert" (triage.worst_alert: the highest severity, its first
+    sighting): the d7 LLDS-off run's picker said 'collapse at step 1242' while the header said
+    the critical collapse at 2269 (it took the latest of the worst); both now name 1242, and the
+    header names the latest one apart."""
+    from lld_monitor.analysis import triage
+
+    path = ROOT_DIR / "sample_runs" / "rescue" / "s4-16upd-lr8e-4-G8-seed0-off"
+    live = sources.LiveRun(sources.Target("off", path, "run"))
+    live.refresh()
+    live.ensure_analysis()
+    head = live.header(60.0)
+    assert "(collapse at step 1242)" in live.verdict_text()
+    assert head.last_alert.startswith("collapse (critical) at step 1242: "), head.last_alert
+    assert head.latest_alert.startswith("collapse (critical) at step 2269"), head.latest_alert
+    # by hand: the highest severity wins, then the first sighting, then the order given
+    a = [Alert(5, "spike", "info", "x"), Alert(9, "decay", "warning", "x")]
+    b = [Alert(7, "collapse", "critical", "y"), Alert(3, "collapse", "critical", "z")]
+    assert triage.worst_alert(a).step == 9 and triage.worst_alert(a + b).message == "z"
+    assert triage.worst_alert([]) is None

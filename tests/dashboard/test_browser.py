@@ -450,8 +450,8 @@ def test_charts_draw_the_truth_in_chromium(tmp_path: Path) -> None:
         _serve(root) as base,
         _chromium_page(url_for(base, "main"), viewport={"width": 1400, "height": 2400}) as page,
     ):
-        # the header's worst alert is a critical collapse (the live one at 73 or the
-        # analyzer's at the dead tail, the latest of the critical ones), not the later warning
+        # the header's worst alert is a critical collapse (the first sighting of the critical
+        # ones, as the picker says: triage.worst_alert), not the later warning
         page.get_by_text("Worst alert").first.wait_for(timeout=60_000)
         page.get_by_text("collapse (critical) at step").first.wait_for(timeout=60_000)
         assert page.get_by_text("mode_collapse (warning) at step 162:").count() == 0

@@ -485,9 +485,10 @@ class LiveRun:
         last_alert, latest_alert = "none", ""
         todo: tuple[str, ...] = ()
         why = ""
-        if alerts:
-            rank = {s: i for i, s in enumerate(C.SEVERITIES)}
-            worst = max(alerts, key=lambda m: (rank.get(m.severity, 0), m.step))
+        from lld_monitor.analysis import triage
+
+        worst = triage.worst_alert(alerts)  # (the picker's rule: first sighting of the worst)
+        if worst is not None:
             said = worst.headline or worst.message
             last_alert = f"{worst.kind} ({worst.severity}) at step {worst.step:g}: {said}"
             todo, why = worst.actions, worst.message
