@@ -190,7 +190,9 @@ class GenerationProbe:
         sampled = out.get("sampling_per_token_logps")
         if sampled is None or "sampler_zero_padded" in self._warned:
             return
-        mask = out["completion_mask"]
+        mask = out["completion_mask"]  # [B, T]
+        if out.get("tool_mask") is not None:  # generated tokens only: tool feedback was not
+            mask = mask * out["tool_mask"]  # sampled, and its sampler log-prob is 0.0 by rule
         share = zero_padded_share(sampled, mask)
         old = out.get("old_per_token_logps")
         trainer_share = zero_padded_share(old, mask) if old is not None else 0.0

@@ -1314,6 +1314,30 @@ def test_sampler_logps_padded_with_zero_are_flagged(tmp_path: Any) -> None:
     assert len(said) == 1 and said[C.EVENT_SEVERITY].iloc[0] == "critical"
 
 
+def test_tool_feedback_is_not_read_as_padded_sampler_logps(tmp_path: Any) -> None:
+    """Tool feedback (tool_mask 0) was not sampled: its sampler log-prob is 0.0 by rule (the toy
+    and TRL's tool loop write it so) while the trainer computes one. Only generated tokens count:
+    a toy run whose feedback was two thirds of its completion tokens was flagged critical."""
+    monitor = LLDMonitor(tmp_path / "run", detector=None)
+    tr = make_grpo_trainer(tmp_path / "tr", max_steps=1)
+    monitor.attach(tr)
+    tool = torch.tensor([[1, 0, 0, 0, 0, 1], [1, 1, 0, 0, 0, 0]])  # 1: generated
+    sampled = torch.where(tool.bool(), -0.7, 0.0)  # real on generated tokens, 0.0 on feedback
+    out = {
+        "completion_mask": torch.ones(2, 6, dtype=torch.long),
+        "tool_mask": tool,
+        "sampling_per_token_logps": sampled,
+        "old_per_token_logps": torch.full((2, 6), -1.5),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no 'padded with 0.0' warning)
+        monitor.adapter._check_sampler_logps(out)
+    out["sampling_per_token_logps"] = torch.zeros(2, 6)  # padded on the generated ones too
+    with pytest.warns(UserWarning, match="padded with 0.0"):
+        monitor.adapter._check_sampler_logps(out)
+    monitor.close()
+
+
 def test_llds_on_without_batch_reuse_gets_the_inert_warning_with_its_reason(tmp_path: Any) -> None:
     """num_iterations=1 and one update per generation batch: LLDS is on and identically 0. The
     live detector says so after 20 steps with the reason the row gives (its gate never fired:
