@@ -64,8 +64,28 @@ _LLDS_REUSE = (
 )
 _LLDS_MORE = (
     "if LLDS is already on, raise its lambda (the paper: 0.01 still collapsed, 0.2 held for "
-    "500 steps) and check that its loss is not zero (llds_loss, llds_active_frac)"
+    "500 steps) and check that its loss is not zero (llds_loss, llds_frac_gated)"
 )
+
+
+_RESUME_LARGER = (
+    "resume with a larger lambda: LLDS was on when it collapsed (check first that it acted: "
+    "llds_loss and llds_frac_gated above 0)"
+)
+
+
+def _llds_is_on(alert: Alert) -> str | None:
+    """The advice when the alert's row says LLDS was on (``messages.with_llds_state``), else
+    None: raising lambda and checking that it acts, not switching it on."""
+    if alert.evidence.get("llds_on") != 1:
+        return None
+    lam = alert.evidence.get("llds_lambda")
+    at = f" at lambda {lam:g}" if isinstance(lam, int | float) else ""
+    return (
+        f"LLDS is already on{at} and this still happened: check that it acts (llds_loss and "
+        "llds_frac_gated above 0; it needs a reused rollout batch), then raise lambda (0.3 for "
+        "7B in the paper; monitor.llds.enable(lam), or llds_watchdog=True raises it in steps)"
+    )
 
 
 def _f(ev: dict[str, Any], key: str) -> float:
@@ -254,9 +274,10 @@ def actions(alert: Alert) -> tuple[str, ...]:
         f"roll back to the last checkpoint saved before step {start} (lld-monitor report "
         "names it) rather than training on from the collapsed weights"
     )
+    on = _llds_is_on(alert)  # (LLDS on at the alert's row: raise it, do not switch it on)
     if kind == "stagnation":
         return (
-            _LLDS_ON,
+            on or _LLDS_ON,
             _LLDS_REUSE,
             "keep the checkpoints from now on: in the paper, stagnation came 60+ steps before the "
             "collapse",
@@ -264,8 +285,7 @@ def actions(alert: Alert) -> tuple[str, ...]:
         )
     if kind in ("decay", "displacement"):
         return (
-            _LLDS_ON,
-            _LLDS_MORE,
+            *((on,) if on else (_LLDS_ON, _LLDS_MORE)),
             _LLDS_REUSE,
             "lower the learning rate (TRL learning_rate, verl actor_rollout_ref.actor.optim.lr) "
             "or the number of updates per rollout batch",
@@ -274,7 +294,7 @@ def actions(alert: Alert) -> tuple[str, ...]:
     if kind == "collapse":
         return (
             back,
-            "resume with LLDS on: " + _LLDS_ON,
+            _RESUME_LARGER if on else "resume with LLDS on: " + _LLDS_ON,
             "lower the learning rate, keep the clip range at 0.2 (TRL epsilon, verl "
             "clip_ratio) and the gradient clip on (max_grad_norm 1.0 or lower)",
             "filter prompt groups whose rewards are all equal (verl "

@@ -30,6 +30,7 @@ from lld_monitor.analysis.checks import Check, TrendLevels, default_checks
 from lld_monitor.analysis.checks.displacement import _DisplacedShare
 from lld_monitor.analysis.checks.spike import _Spikes
 from lld_monitor.analysis.config import DetectorConfig
+from lld_monitor.analysis.messages import with_llds_state
 from lld_monitor.analysis.phases import PhaseMachine
 from lld_monitor.analysis.signals import (
     INPUT_COLUMNS,
@@ -332,4 +333,6 @@ class PhaseDetector:
                 alerts.extend(out)
         trend = self._trend
         machine.update(s, checks, trend.level if trend is not None else -1, alerts, self._immediate)
+        if alerts and s.llds_enabled == s.llds_enabled:  # (the row says whether LLDS is on)
+            alerts[:] = [with_llds_state(a, s.llds_enabled, s.llds_lambda) for a in alerts]
         return alerts

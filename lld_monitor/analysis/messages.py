@@ -7,6 +7,7 @@ numbers behind the decision and returns the ``Alert``.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from lld_monitor import columns as C
@@ -440,3 +441,19 @@ def level_shift_phase_alert(
     tail = shift.message.split(": ", 1)[-1]  # (without its "Phase III ... at step N: ")
     merged = {**lld.evidence, **evidence}
     return Alert(step, "collapse", "critical", f"{lld.message}; {tail}", merged)
+
+
+#: The alert kinds whose advice is LLDS (analysis.advice): they carry the row's LLDS state.
+LLDS_ADVICE_KINDS: frozenset[str] = frozenset({"stagnation", "decay", "displacement", "collapse"})
+
+
+def with_llds_state(alert: Alert, enabled: float, lam: float) -> Alert:
+    """``alert`` with the LLDS state of its row in the evidence (``llds_on`` 0/1, and
+    ``llds_lambda`` when on) where its advice is LLDS: "switch LLDS on" is no advice when it is
+    on. Other alerts as they are."""
+    if alert.kind not in LLDS_ADVICE_KINDS or "llds_on" in alert.evidence:
+        return alert
+    state: dict[str, Any] = {"llds_on": int(enabled > 0.5)}
+    if enabled > 0.5 and lam == lam:
+        state["llds_lambda"] = float(lam)
+    return replace(alert, evidence={**alert.evidence, **state})

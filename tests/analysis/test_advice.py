@@ -140,3 +140,45 @@ def test_an_alert_without_its_evidence_is_told_in_its_own_words():
     assert headline(a) == "LLD Phase I (stagnation) at step 25: logp of correct responses flat"
     b = Alert(9, "dead_signal", "warning", "every group gets the same reward (for 3 steps)", {})
     assert "nan" not in headline(b) and "n/a" not in headline(b)
+
+
+@pytest.mark.parametrize("kind", ["stagnation", "decay", "displacement", "collapse"])
+def test_llds_already_on_is_advised_to_act_harder_not_to_switch_on(kind):
+    """An LLD alert on a row where LLDS was on (the detector puts the row's state in the
+    evidence) does not say 'switch LLDS on': it says to check that LLDS acts and to raise
+    lambda; with LLDS off (or a log without the column) the advice is to switch it on."""
+    from lld_monitor.analysis.advice import actions
+
+    on = actions(Alert(50, kind, "warning", "m", {"llds_on": 1, "llds_lambda": 0.2}))
+    off = actions(Alert(50, kind, "warning", "m", {"llds_on": 0}))
+    unknown = actions(Alert(50, kind, "warning", "m", {}))
+    assert not any("switch LLDS on" in t for t in on), on
+    assert any("llds_frac_gated" in t for t in on)
+    assert any("raise lambda" in t or "larger lambda" in t for t in on)
+    assert any("switch LLDS on" in t for t in off) and off == unknown
+    if kind != "collapse":
+        assert on[0].startswith("LLDS is already on at lambda 0.2")
+
+
+def test_the_detector_puts_the_rows_llds_state_in_an_lld_alert():
+    # a spiral with every LLD column, LLDS on at lambda 0.3 from step 100: the LLD alerts after
+    # it say so, those before say off; a non-LLD alert carries nothing of it
+    import pandas as pd
+
+    from lld_monitor import columns as C
+    from lld_monitor.testing import make_run
+
+    steps = make_run("collapse", n_steps=300, seed=3).steps.copy()
+    steps[C.LLDS_ENABLED] = (steps[C.STEP] >= 100).astype(float)
+    steps[C.LLDS_LAMBDA] = 0.3 * steps[C.LLDS_ENABLED]
+    alerts = analyze_run(steps).alerts
+    lld = [a for a in alerts if a.kind in ("stagnation", "decay", "displacement", "collapse")]
+    assert lld and any(a.step >= 100 for a in lld)
+    for a in lld:
+        want = {"llds_on": 1, "llds_lambda": 0.3} if a.step >= 100 else {"llds_on": 0}
+        assert {k: a.evidence.get(k) for k in want} == pytest.approx(want), a
+        assert "llds_lambda" in a.evidence or a.step < 100
+    assert all("llds_on" not in a.evidence for a in alerts if a not in lld)
+    # without the column: nothing added (a foreign log)
+    bare = analyze_run(pd.DataFrame(steps.drop(columns=[C.LLDS_ENABLED, C.LLDS_LAMBDA]))).alerts
+    assert all("llds_on" not in a.evidence for a in bare)
