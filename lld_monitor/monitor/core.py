@@ -72,7 +72,6 @@ class LLDMonitor:
         """The parts the settings make (each reads its own settings from ``config``)."""
         from lld_monitor.monitor.llds_watchdog import LLDSWatchdog
 
-        self.probe_fraction = config.probe_fraction
         self.correctness = CorrectnessRule(
             config.correct_fn, config.correct_threshold, config.correct_reward
         )
@@ -83,20 +82,17 @@ class LLDMonitor:
             config.stop_on_collapse,
             config.checkpoint_on_collapse,
         )
-        self.strict = bool(config.strict)
         self.tokens = TokenSampler(
             config.token_samples_per_step,
             config.response_samples_per_step,
-            self.strict,
+            bool(config.strict),
             self.guard,
         )
-        self.llds_with_dropout = bool(config.llds_with_dropout)
         #: The LLDS watchdog (llds_watchdog.py), or None when off (the default).
         self.watchdog = LLDSWatchdog() if config.llds_watchdog else None
-        self.resume = bool(config.resume)
         self.meta: dict[str, Any] = dict(config.meta or {})
         self.llds = LLDSSwitch(monitor_config.check_llds(config.llds), self._on_llds_change)
-        self.failures = FailurePolicy(self.strict, self._on_error)
+        self.failures = FailurePolicy(bool(config.strict), self._on_error)
         self.threshold_watch = ThresholdWatch(self.correctness)
         self.notes = OnceNotes(self._event, self.guard)  # llds checks and notes, once per run
         self.row_checks = RowChecks(
@@ -112,6 +108,11 @@ class LLDMonitor:
             request=self._request,
             guard=self.guard,
         )
+
+    probe_fraction = property(lambda self: self.config.probe_fraction)  # (read from config)
+    strict = property(lambda self: bool(self.config.strict))
+    llds_with_dropout = property(lambda self: bool(self.config.llds_with_dropout))
+    resume = property(lambda self: bool(self.config.resume))
 
     def _init_state(self) -> None:
         """The running state of a fresh monitor."""

@@ -299,3 +299,18 @@ def test_the_playback_of_a_row_only_check_is_a_check_that_gives_what_it_gave(cls
     det = PhaseDetector()
     det.checks = [c for c in det.checks if not isinstance(c, cls)]
     det.add_check(Playback(cls(CFG)))  # (add_check refuses what is not a Check)
+
+
+def test_a_streak_check_counts_rows_to_a_detector_setting() -> None:
+    # the exact-condition checks share checks.base.StreakCheck; each names its DetectorConfig
+    # field, and the count it fires at is that field's value
+    from dataclasses import fields
+
+    from lld_monitor.analysis.checks.base import StreakCheck
+
+    streaks = [c for c in CHECK_CLASSES if issubclass(c, StreakCheck)]
+    assert {c.kind for c in streaks} == {"no_update", "zero_grad", "sampler_mismatch", "llds_inert"}
+    names = {f.name for f in fields(DetectorConfig)}
+    for cls in streaks:
+        assert cls.rows_setting in names, cls
+        assert cls(CFG).rows_needed == getattr(CFG, cls.rows_setting) >= 1

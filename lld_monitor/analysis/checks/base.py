@@ -38,7 +38,7 @@ keeps its own running state:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from lld_monitor.analysis.config import DetectorConfig
 from lld_monitor.events import Alert
@@ -106,3 +106,54 @@ class Check:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(key={self.key!r})"
+
+
+class StreakCheck(Check):
+    """An exact condition held on rows in a row (``holds``: True, False, or None when the row
+    says nothing, which neither counts nor breaks the streak); fires once when the streak
+    reaches the ``DetectorConfig`` field named by ``rows_setting``, re-arms on a row where it
+    is False. Counted from the first row (no warm-up) and ``row_only``: ``holds`` reads the
+    row's raw values."""
+
+    __slots__ = ("fired", "rows", "since")
+    row_only = True
+    #: The name of the ``DetectorConfig`` field: rows in a row that fire the alert.
+    rows_setting: ClassVar[str] = ""
+
+    def reset(self) -> None:
+        self.rows = 0
+        self.since = 0
+        self.fired = False
+
+    @property
+    def rows_needed(self) -> int:
+        return cast(int, getattr(self.config, self.rows_setting))
+
+    def holds(self, s: Signals) -> bool | None:
+        raise NotImplementedError
+
+    def alert(self, s: Signals) -> Alert:
+        raise NotImplementedError
+
+    def update(self, s: Signals) -> list[Alert]:
+        h = self.holds(s)
+        if h is None:
+            return NO_ALERTS
+        if not h:
+            self.rows = 0
+            self.fired = False
+            return NO_ALERTS
+        if self.rows == 0:
+            self.since = int(s.step)
+        self.rows += 1
+        if self.rows >= self.rows_needed and not self.fired:
+            self.fired = True
+            return [self.alert(s)]
+        return NO_ALERTS
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows, "since": self.since, "fired": self.fired}
+
+    def load_state_dict(self, d: Mapping[str, Any]) -> None:
+        self.reset()
+        self.rows, self.since, self.fired = int(d["rows"]), int(d["since"]), bool(d["fired"])

@@ -16,20 +16,18 @@ reuse of the generation batch, where the current policy is the sampling one and 
 from __future__ import annotations
 
 from lld_monitor.analysis import messages
-from lld_monitor.analysis.checks.no_update import _Streak
+from lld_monitor.analysis.checks.base import StreakCheck
 from lld_monitor.analysis.signals import Signals
 from lld_monitor.events import Alert
 
 
-class LldsInert(_Streak):
+class LldsInert(StreakCheck):
     """LLDS on and its loss exactly 0 on ``llds_inert_rows`` rows in a row (warning)."""
 
     __slots__ = ()
     kind = "llds_inert"
 
-    @property
-    def rows_needed(self) -> int:
-        return self.config.llds_inert_rows
+    rows_setting = "llds_inert_rows"
 
     def holds(self, s: Signals) -> bool | None:
         on, lam = s.llds_enabled, s.llds_lambda

@@ -20,71 +20,20 @@ warm-up) and fire once per episode, after ``no_update_rows`` / ``zero_grad_rows`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from lld_monitor.analysis import messages
-from lld_monitor.analysis.checks.base import NO_ALERTS, Check
+from lld_monitor.analysis.checks.base import StreakCheck
 from lld_monitor.analysis.signals import Signals
 from lld_monitor.events import Alert
 
 
-class _Streak(Check):
-    """Rows in a row on which ``holds`` is True (``None``: the row says nothing); fires at
-    ``rows_needed`` once, re-arms on a row where it is False."""
-
-    __slots__ = ("fired", "rows", "since")
-    row_only = True
-
-    def reset(self) -> None:
-        self.rows = 0
-        self.since = 0
-        self.fired = False
-
-    @property
-    def rows_needed(self) -> int:
-        raise NotImplementedError
-
-    def holds(self, s: Signals) -> bool | None:
-        raise NotImplementedError
-
-    def alert(self, s: Signals) -> Alert:
-        raise NotImplementedError
-
-    def update(self, s: Signals) -> list[Alert]:
-        h = self.holds(s)
-        if h is None:
-            return NO_ALERTS
-        if not h:
-            self.rows = 0
-            self.fired = False
-            return NO_ALERTS
-        if self.rows == 0:
-            self.since = int(s.step)
-        self.rows += 1
-        if self.rows >= self.rows_needed and not self.fired:
-            self.fired = True
-            return [self.alert(s)]
-        return NO_ALERTS
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "since": self.since, "fired": self.fired}
-
-    def load_state_dict(self, d: Mapping[str, Any]) -> None:
-        self.reset()
-        self.rows, self.since, self.fired = int(d["rows"]), int(d["since"]), bool(d["fired"])
-
-
-class NoUpdate(_Streak):
+class NoUpdate(StreakCheck):
     """Every probe of the row found no log-prob that moved while the step had a loss or a
     gradient, ``no_update_rows`` probed rows in a row (critical)."""
 
     __slots__ = ()
     kind = "no_update"
 
-    @property
-    def rows_needed(self) -> int:
-        return self.config.no_update_rows
+    rows_setting = "no_update_rows"
 
     def holds(self, s: Signals) -> bool | None:
         still = s.probe_still
@@ -102,16 +51,14 @@ class NoUpdate(_Streak):
         )
 
 
-class ZeroGrad(_Streak):
+class ZeroGrad(StreakCheck):
     """``grad_norm`` exactly 0 while some group had unequal rewards, ``zero_grad_rows`` rows
     in a row (warning)."""
 
     __slots__ = ()
     kind = "zero_grad"
 
-    @property
-    def rows_needed(self) -> int:
-        return self.config.zero_grad_rows
+    rows_setting = "zero_grad_rows"
 
     def holds(self, s: Signals) -> bool | None:
         g = s.grad_norm

@@ -16,20 +16,18 @@ import math
 
 from lld_monitor import columns as C
 from lld_monitor.analysis import messages
-from lld_monitor.analysis.checks.no_update import _Streak
+from lld_monitor.analysis.checks.base import StreakCheck
 from lld_monitor.analysis.signals import Signals
 from lld_monitor.events import Alert
 
 
-class SamplerMismatch(_Streak):
+class SamplerMismatch(StreakCheck):
     """The sampler and the trainer disagree, ``sampler_rows`` rows in a row (warning)."""
 
     __slots__ = ()
     kind = "sampler_mismatch"
 
-    @property
-    def rows_needed(self) -> int:
-        return self.config.sampler_rows
+    rows_setting = "sampler_rows"
 
     def holds(self, s: Signals) -> bool | None:
         cfg = self.config
